@@ -1,0 +1,136 @@
+"""asynccube: an async GPU compute runtime for Python.
+
+A port of cubecl-runtime onto NVIDIA's cuda-python driver API with a channel native to
+asyncio: one actor task owns the device server; ``read`` and ``sync`` return awaitables;
+concurrent tasks run on concurrent streams. Without a GPU the same API runs on a numpy
+host server.
+
+    import asynccube as ac
+
+    async with ac.open_client() as client:
+        h = client.create(b"...")
+        data = await client.read([h.binding()])
+"""
+
+from __future__ import annotations
+
+from ._core.client import ComputeClient
+from ._core.errors import (
+    AsyncCubeError,
+    AutotuneError,
+    BufferTooBig,
+    ClientClosedError,
+    ClientDeadError,
+    CompilationError,
+    ConfigError,
+    DeviceError,
+    ExecutionError,
+    InvalidArgument,
+    InvalidHandle,
+    IoError,
+    KernelNotSupported,
+    LoopMismatchError,
+    OutOfMemory,
+    ProfileError,
+    ScalarTypeError,
+    Unknown,
+    UnsupportedIoOperation,
+    UnsupportedStrides,
+)
+from ._core.host.server import HostServer
+from ._core.kernel import CudaSource, HostLaunch, Kernel
+from ._core.open import connect, open_client
+from ._core.server import BindingResource, Completion, ComputeServer, DeviceProperties
+from ._core.stream_id import StreamId
+from ._core.tensor import Tensor
+from ._core.types import (
+    SCALAR_DTYPES,
+    Allocation,
+    AllocationDescriptor,
+    AllocationKind,
+    Binding,
+    Bindings,
+    CopyDescriptor,
+    CubeCount,
+    ExecutionMode,
+    Handle,
+    Im2colFormat,
+    MemoryAllocationMode,
+    MemoryUsage,
+    MetadataBinding,
+    OobFill,
+    ProfileDuration,
+    ProfilingToken,
+    ScalarBinding,
+    TensorMapBinding,
+    TensorMapInterleave,
+    TensorMapMeta,
+    TensorMapPrefetch,
+    TensorMapSwizzle,
+    TiledFormat,
+    TimingMethod,
+)
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "SCALAR_DTYPES",
+    "Allocation",
+    "AllocationDescriptor",
+    "AllocationKind",
+    "AsyncCubeError",
+    "AutotuneError",
+    "Binding",
+    "BindingResource",
+    "Bindings",
+    "BufferTooBig",
+    "ClientClosedError",
+    "ClientDeadError",
+    "CompilationError",
+    "Completion",
+    "ComputeClient",
+    "ComputeServer",
+    "ConfigError",
+    "CopyDescriptor",
+    "CubeCount",
+    "CudaSource",
+    "DeviceError",
+    "DeviceProperties",
+    "ExecutionError",
+    "ExecutionMode",
+    "Handle",
+    "HostLaunch",
+    "HostServer",
+    "Im2colFormat",
+    "InvalidArgument",
+    "InvalidHandle",
+    "IoError",
+    "Kernel",
+    "KernelNotSupported",
+    "LoopMismatchError",
+    "MemoryAllocationMode",
+    "MemoryUsage",
+    "MetadataBinding",
+    "OobFill",
+    "OutOfMemory",
+    "ProfileDuration",
+    "ProfileError",
+    "ProfilingToken",
+    "ScalarBinding",
+    "ScalarTypeError",
+    "StreamId",
+    "Tensor",
+    "TensorMapBinding",
+    "TensorMapInterleave",
+    "TensorMapMeta",
+    "TensorMapPrefetch",
+    "TensorMapSwizzle",
+    "TiledFormat",
+    "TimingMethod",
+    "Unknown",
+    "UnsupportedIoOperation",
+    "UnsupportedStrides",
+    "__version__",
+    "connect",
+    "open_client",
+]

@@ -1,0 +1,278 @@
+"""The channel: one actor task drains a queue of commands into the server.
+
+The client appends commands to a deque and, if the actor sleeps, wakes it; the actor
+runs every queued command in one batch (yielding to the loop every couple of
+milliseconds of work), then sleeps again. Fire-and-forget commands return nothing: an
+error they raise is held for their stream and raised by the next awaited command on that
+stream. Awaited commands resolve an asyncio future through the completion watcher.
+
+If the actor dies, every pending and later awaitable fails at once with
+ClientDeadError; after a sticky device error, with that DeviceError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from .completion import CompletionWatcher
+from .errors import AsyncCubeError, ClientClosedError, ClientDeadError, LoopMismatchError, Unknown
+from .server import Completion, ComputeServer
+from .stream_id import StreamId
+
+__all__ = ["Channel", "State"]
+
+T = TypeVar("T")
+Op = Callable[..., Awaitable[None] | None]
+_BATCH_SECONDS = 0.002
+
+
+class State(enum.Enum):
+    """Life cycle of a channel."""
+
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    DEAD = "dead"
+
+
+class Channel:
+    """Links a client to its server through one actor task on ``loop``."""
+
+    def __init__(self, server: ComputeServer, loop: asyncio.AbstractEventLoop) -> None:
+        self.server = server
+        self.loop = loop
+        self.state = State.OPEN
+        self._queue: deque[tuple[Op, tuple[Any, ...]]] = deque()
+        self._wakeup: asyncio.Future[None] | None = None
+        self._held: dict[StreamId, list[BaseException]] = {}
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._death: BaseException | None = None
+        self._stop = False
+        self.watcher = CompletionWatcher(loop)
+        self._actor = loop.create_task(self._run(), name="asynccube-actor")
+
+    # -- client side ------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise unless the channel is open and called from its own loop."""
+        if self.state is not State.OPEN:
+            raise self._unusable()
+        if asyncio._get_running_loop() is not self.loop:
+            raise LoopMismatchError(
+                "this client runs on another event loop or thread; call it from its own "
+                "loop, or use asyncio.run_coroutine_threadsafe(coro, client.loop)"
+            )
+
+    def _unusable(self) -> AsyncCubeError:
+        if self.state is State.DEAD:
+            if isinstance(self._death, AsyncCubeError):
+                return self._death
+            err = ClientDeadError(f"the client's actor died: {self._death!r}")
+            err.__cause__ = self._death
+            return err
+        return ClientClosedError("the client is closed; open a new one with open_client()")
+
+    def send(self, op: Op, *args: Any) -> None:
+        """Queue a fire-and-forget command."""
+        self._queue.append((op, args))
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            wakeup.set_result(None)
+
+    def request(self, op: Op, *args: Any) -> asyncio.Future[Any]:
+        """Queue a command whose last argument is the future it resolves; return it."""
+        fut: asyncio.Future[Any] = self.loop.create_future()
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+        self.send(op, *args, fut)
+        return fut
+
+    # -- actor side -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            while not self._stop:
+                if self._queue:
+                    await self._drain()
+                else:
+                    self._wakeup = self.loop.create_future()
+                    await self._wakeup
+        except BaseException as exc:
+            self._die(exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    async def _drain(self) -> None:
+        queue = self._queue
+        deadline = time.perf_counter() + _BATCH_SECONDS
+        count = 0
+        while queue and not self._stop:
+            op, args = queue.popleft()
+            pending = op(*args)
+            if pending is not None:
+                await pending
+            count += 1
+            if not count & 63 and time.perf_counter() > deadline:
+                await asyncio.sleep(0)
+                deadline = time.perf_counter() + _BATCH_SECONDS
+
+    def fire(self, stream: StreamId, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args, stream)``; hold any error for ``stream``."""
+        try:
+            fn(*args, stream)
+        except BaseException as exc:
+            self.hold(stream, exc)
+
+    def hold(self, stream: StreamId, exc: BaseException) -> None:
+        """Keep ``exc`` for the next awaited command on ``stream`` (or die if sticky)."""
+        if getattr(exc, "sticky", False):
+            self._die(exc)
+            return
+        if not isinstance(exc, AsyncCubeError):
+            wrapped = Unknown(f"{type(exc).__name__}: {exc}")
+            wrapped.__cause__ = exc
+            exc = wrapped
+        self._held.setdefault(stream, []).append(exc)
+
+    def take_held(self, stream: StreamId) -> BaseException | None:
+        """The first error held for ``stream`` (later ones as notes), cleared."""
+        errors = self._held.pop(stream, None)
+        if not errors:
+            return None
+        first = errors[0]
+        for other in errors[1:]:
+            first.add_note(f"also failed on {stream}: {type(other).__name__}: {other}")
+        return first
+
+    def await_completion(
+        self,
+        stream: StreamId,
+        fn: Callable[..., Completion[Any]],
+        *args: Any,
+    ) -> None:
+        """Run ``fn(*args[:-1], stream)`` and resolve the future ``args[-1]`` from it."""
+        *call_args, fut = args
+        if fut.done():
+            return
+        held = self.take_held(stream)
+        if held is not None:
+            fut.set_exception(held)
+            return
+        try:
+            completion = fn(*call_args, stream)
+        except BaseException as exc:
+            self._fail(fut, exc)
+            return
+        self.watcher.watch(completion, lambda c: self._resolve(fut, c))
+
+    def call(self, stream: StreamId, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args[:-1], stream)`` and resolve the future ``args[-1]`` with it."""
+        *call_args, fut = args
+        if fut.done():
+            return
+        held = self.take_held(stream)
+        if held is not None:
+            fut.set_exception(held)
+            return
+        try:
+            fut.set_result(fn(*call_args, stream))
+        except BaseException as exc:
+            self._fail(fut, exc)
+
+    def _resolve(self, fut: asyncio.Future[Any], completion: Completion[Any]) -> None:
+        try:
+            value = completion.result()
+        except BaseException as exc:
+            if not fut.done():
+                self._fail(fut, exc)
+            return
+        if not fut.done():
+            fut.set_result(value)
+
+    def _fail(self, fut: asyncio.Future[Any], exc: BaseException) -> None:
+        if getattr(exc, "sticky", False):
+            self._die(exc)
+        if not fut.done():
+            fut.set_exception(exc)
+
+    # -- close and death ----------------------------------------------------------------
+
+    def begin_close(self) -> asyncio.Future[Any]:
+        """Refuse new commands; queue the close after what is already queued."""
+        self.state = State.CLOSING
+        return self.request(self._close)
+
+    def _close(self, fut: asyncio.Future[Any]) -> None:
+        self._stop = True
+        try:
+            completion = self.server.close()
+        except BaseException as exc:
+            self._closed(fut, exc)
+            return
+        self.watcher.watch(completion, lambda c: self._closed(fut, _error_of(c)))
+
+    def _closed(self, fut: asyncio.Future[Any], error: BaseException | None) -> None:
+        self.state = State.CLOSED
+        self.watcher.shutdown()
+        leftovers = [e for errs in self._held.values() for e in errs]
+        self._held.clear()
+        if error is not None:
+            leftovers.insert(0, error)
+        if fut.done():
+            return
+        if leftovers:
+            first = leftovers[0]
+            for other in leftovers[1:]:
+                first.add_note(f"also unobserved at close: {type(other).__name__}: {other}")
+            fut.set_exception(first)
+        else:
+            fut.set_result(None)
+
+    def _die(self, exc: BaseException) -> None:
+        if self.state is State.DEAD:
+            return
+        self._death = exc
+        self.state = State.DEAD
+        self._stop = True
+        self._queue.clear()
+        error = self._unusable()
+        for fut in list(self._pending):
+            if not fut.done():
+                fut.set_exception(error)
+        self._pending.clear()
+        self.watcher.shutdown()
+        self._shutdown_server()
+
+    def _shutdown_server(self) -> None:
+        try:
+            self.server.close()
+        except BaseException as exc:  # the server is broken; the death cause is kept
+            if self._death is not None:
+                self._death.add_note(f"closing the server after death also failed: {exc!r}")
+
+    async def wait_actor(self) -> None:
+        """Wait for the actor task to end (after close or death)."""
+        if not self._actor.done():
+            await asyncio.wait([self._actor])
+
+    def kill_for_test(self, exc: BaseException) -> None:
+        """Make the actor die with ``exc`` at its next command (tests only)."""
+
+        def boom() -> None:
+            raise exc
+
+        self.send(boom)
+
+
+def _error_of(completion: Completion[Any]) -> BaseException | None:
+    try:
+        completion.result()
+    except BaseException as exc:
+        return exc
+    return None

@@ -1,0 +1,102 @@
+"""Turning server completions into resolved asyncio futures without blocking the loop.
+
+Two paths, picked per completion:
+
+* A completion that can notify (``add_done_callback``, called on the thread that
+  finishes it, as host workers do) is resolved through ``loop.call_soon_threadsafe``.
+* Any other completion (a CUDA event) is polled with ``done()`` from one poller task,
+  yielding to the loop between rounds (``await asyncio.sleep(0)``), for a short spin
+  budget; a completion still pending after that is handed to a waiter thread, which
+  blocks in ``wait()`` (never on the loop) and then resolves it through
+  ``call_soon_threadsafe``. Short waits are fast; long waits cost no CPU.
+
+No Python ever runs inside a driver callback thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
+
+from .server import Completion
+
+__all__ = ["CompletionWatcher"]
+
+T = TypeVar("T")
+Sink = Callable[[Completion[Any]], None]
+
+
+class _Notifying(Protocol):
+    def add_done_callback(self, fn: Callable[[], None]) -> None: ...
+
+
+class CompletionWatcher:
+    """Resolves completions on one event loop.
+
+    Args:
+        loop: The loop that owns the futures.
+        spin_seconds: How long a completion is polled before a waiter thread takes it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, spin_seconds: float = 200e-6) -> None:
+        self._loop = loop
+        self._spin = spin_seconds
+        self._polling: list[tuple[Completion[Any], Sink, float]] = []
+        self._poller: asyncio.Task[None] | None = None
+        self._waiters: ThreadPoolExecutor | None = None
+        self.handed_to_threads = 0
+
+    def watch(self, completion: Completion[Any], sink: Sink) -> None:
+        """Call ``sink(completion)`` on the loop once ``completion`` is done."""
+        if completion.done():
+            sink(completion)
+        elif hasattr(completion, "add_done_callback"):
+            notify: _Notifying = completion  # type: ignore[assignment]
+            call = self._loop.call_soon_threadsafe
+            notify.add_done_callback(lambda: call(sink, completion))
+        else:
+            self._polling.append((completion, sink, time.perf_counter() + self._spin))
+            if self._poller is None:
+                self._poller = self._loop.create_task(self._poll(), name="asynccube-poller")
+
+    async def _poll(self) -> None:
+        try:
+            while self._polling:
+                self._round()
+                await asyncio.sleep(0)
+        finally:
+            self._poller = None
+
+    def _round(self) -> None:
+        now = time.perf_counter()
+        still = []
+        for item in self._polling:
+            completion, sink, deadline = item
+            if completion.done():
+                sink(completion)
+            elif now >= deadline:
+                self._hand_over(completion, sink)
+            else:
+                still.append(item)
+        self._polling = still
+
+    def _hand_over(self, completion: Completion[Any], sink: Sink) -> None:
+        if self._waiters is None:
+            self._waiters = ThreadPoolExecutor(4, thread_name_prefix="asynccube-waiter")
+        self.handed_to_threads += 1
+        call = self._loop.call_soon_threadsafe
+
+        def block() -> None:
+            completion.wait(None)
+            call(sink, completion)
+
+        self._waiters.submit(block)
+
+    def shutdown(self) -> None:
+        """Stop the waiter threads once they have finished (does not block)."""
+        if self._waiters is not None:
+            self._waiters.shutdown(wait=False)
+            self._waiters = None

@@ -1,0 +1,176 @@
+"""Every exception asynccube raises, in one module.
+
+The hierarchy mirrors cubecl-runtime's ``IoError`` and its kin: every error derives from
+:class:`AsyncCubeError`, so ``except asynccube.AsyncCubeError`` catches all of them.
+Each message says what was wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AsyncCubeError",
+    "AutotuneError",
+    "BufferTooBig",
+    "ClientClosedError",
+    "ClientDeadError",
+    "CompilationError",
+    "ConfigError",
+    "CudaDriverError",
+    "DeviceError",
+    "ExecutionError",
+    "InvalidArgument",
+    "InvalidHandle",
+    "IoError",
+    "KernelNotSupported",
+    "LoopMismatchError",
+    "OutOfMemory",
+    "ProfileError",
+    "ScalarTypeError",
+    "Unknown",
+    "UnsupportedIoOperation",
+    "UnsupportedStrides",
+]
+
+
+class AsyncCubeError(Exception):
+    """Base class of every error raised by asynccube."""
+
+
+class IoError(AsyncCubeError):
+    """An error from ``create``/``read``/``write`` (cubecl's ``IoError``)."""
+
+
+class BufferTooBig(IoError):
+    """A buffer size is negative or larger than the server can allocate.
+
+    Attributes:
+        size: The size, in bytes, that was requested.
+    """
+
+    def __init__(self, size: int, detail: str = "") -> None:
+        self.size = size
+        msg = f"cannot allocate a buffer of {size} bytes"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class UnsupportedStrides(IoError):
+    """The strides given to a copy are not supported by this operation on this server."""
+
+
+class InvalidHandle(IoError):
+    """A handle or binding does not belong to this client, was freed, or is out of range."""
+
+
+class Unknown(IoError):
+    """An unexpected error happened while executing work; the message carries the cause."""
+
+
+class UnsupportedIoOperation(IoError):
+    """The server does not support this I/O operation."""
+
+
+class OutOfMemory(IoError):
+    """The storage could not provide memory, even after a cleanup and one retry.
+
+    Attributes:
+        size: Bytes requested.
+        reserved: Bytes the memory manager had reserved when the request failed.
+    """
+
+    def __init__(self, size: int, reserved: int, detail: str = "") -> None:
+        self.size = size
+        self.reserved = reserved
+        msg = (
+            f"out of memory allocating {size} bytes with {reserved} bytes reserved; "
+            "free handles you no longer need or call memory_cleanup()"
+        )
+        super().__init__(f"{msg} ({detail})" if detail else msg)
+
+
+class InvalidArgument(AsyncCubeError, ValueError):
+    """An argument has the wrong type or value; the message names it and the fix."""
+
+
+class ScalarTypeError(InvalidArgument):
+    """A scalar binding has a dtype that does not match or is not supported."""
+
+
+class KernelNotSupported(AsyncCubeError):
+    """A kernel has no part for the server it was sent to (e.g. no ``host`` function)."""
+
+
+class CompilationError(AsyncCubeError):
+    """A kernel failed to compile; ``log`` holds the compiler's log."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        self.log = log
+        super().__init__(f"{message}\n{log}" if log else message)
+
+
+class DeviceError(AsyncCubeError):
+    """The device reported an error (a driver error, or a sticky fault such as an
+    illegal address). After a sticky fault the client is unhealthy: close it and open
+    a new one."""
+
+
+class ExecutionError(AsyncCubeError):
+    """A kernel failed while it ran (fire-and-forget work); ``__cause__`` is the original
+    exception. Raised at the next awaited call on the stream that ran the kernel."""
+
+
+class CudaDriverError(DeviceError):
+    """A CUDA driver API call returned an error.
+
+    Attributes:
+        code: The ``CUresult`` value, as an int.
+        name: The driver's name for it (``cuGetErrorName``), e.g. ``CUDA_ERROR_ILLEGAL_ADDRESS``.
+        text: The driver's description of it (``cuGetErrorString``).
+        call: The driver function (or operation) that failed.
+        sticky: True for errors that corrupt the context (illegal address, launch
+            failure, ...): every later call fails too, so the client is unhealthy and
+            must be closed; a new one can then be opened.
+    """
+
+    def __init__(self, code: int, name: str, text: str, call: str = "", sticky: bool = False):
+        self.code = code
+        self.name = name
+        self.text = text
+        self.call = call
+        self.sticky = sticky
+        where = f"{call} failed: " if call else ""
+        tail = " (sticky: the CUDA context is unusable; close this client)" if sticky else ""
+        super().__init__(f"{where}{name} ({code}): {text}{tail}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.code, self.name, self.text, self.call, self.sticky))
+
+
+class ProfileError(AsyncCubeError):
+    """A profile could not be completed (unknown or already-ended token, or failure)."""
+
+
+class AutotuneError(AsyncCubeError):
+    """Autotuning failed; the message names each tunable's failure."""
+
+
+class ConfigError(AsyncCubeError):
+    """A configuration key or value is invalid; the message names key, value and file."""
+
+
+class ClientClosedError(AsyncCubeError):
+    """The client was closed; open a new one with ``open_client()`` or ``connect()``."""
+
+
+class ClientDeadError(AsyncCubeError):
+    """The client's actor task died; every pending and later call raises this.
+
+    The cause is chained as ``__cause__``.
+    """
+
+
+class LoopMismatchError(AsyncCubeError, RuntimeError):
+    """The client was called from a thread or event loop other than the one it runs on.
+
+    Use ``asyncio.run_coroutine_threadsafe(coro, client.loop)`` to reach it from another
+    thread.
+    """

@@ -1,0 +1,385 @@
+"""HostServer: the embedded default server, on numpy, with a worker thread per stream.
+
+Work really is asynchronous: ``execute``, ``write`` and ``read`` are queued on the worker
+of the calling task's stream, and cross-stream order is kept by ``MultiStream`` with
+host events, exactly as on a device. Tasks hold their bindings until they have run, so a
+slice is never reused while a queued task may still touch it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import InvalidArgument, InvalidHandle, ProfileError
+from ..kernel import HostLaunch, Kernel
+from ..memory import MemoryConfig, MemoryManagement
+from ..memory.slice import SliceHandle
+from ..memory.storage import BytesStorage
+from ..memory.table import SliceTable
+from ..server import BindingResource, BytesLike, DeviceProperties
+from ..stream.multi import MultiStream, StreamingLog
+from ..stream_id import StreamId
+from ..types import (
+    AllocationDescriptor,
+    Binding,
+    Bindings,
+    CopyDescriptor,
+    CubeCount,
+    ExecutionMode,
+    Handle,
+    MemoryAllocationMode,
+    MemoryUsage,
+    ProfileDuration,
+    ProfilingToken,
+    TimingMethod,
+)
+from .layout import allocation_layout, check_copy, gather, scatter
+from .worker import HostBackend, HostCompletion, HostStream
+
+__all__ = ["HostServer"]
+
+T = TypeVar("T")
+View = npt.NDArray[np.uint8]
+_ROW_ALIGN = 64
+
+
+class HostServer:
+    """The numpy server. See the module docstring.
+
+    Args:
+        max_streams: Worker threads at most (stream index = id mod max_streams).
+        memory: Memory pool configuration (default preset if None).
+        logger: Where streaming logs go.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_streams: int = 8,
+        memory: MemoryConfig | None = None,
+        logger: StreamingLog | None = None,
+    ) -> None:
+        self._table: SliceTable[SliceHandle] = SliceTable()
+        self._memory: MemoryManagement[View] = MemoryManagement(
+            BytesStorage(), memory, owner_id=self._table.queue.owner_id
+        )
+        self._streams: MultiStream[HostStream, threading.Event] = MultiStream(
+            HostBackend(), max_streams, logger or _NoLog()
+        )
+        self._profiles: dict[int, HostCompletion[int]] = {}
+        self._tokens = itertools.count(1)
+        self._properties = DeviceProperties(
+            name="host (numpy)",
+            kind="host",
+            alignment=_ROW_ALIGN,
+            max_allocation=self._memory.max_allocation,
+            extra={"max_streams": max_streams},
+        )
+
+    @property
+    def device(self) -> str:
+        """``"host"``."""
+        return "host"
+
+    @property
+    def properties(self) -> DeviceProperties:
+        """The host's properties."""
+        return self._properties
+
+    # -- allocation ---------------------------------------------------------------
+
+    def layout(self, descriptor: AllocationDescriptor) -> tuple[int, tuple[int, ...]]:
+        """Bytes and strides of ``descriptor`` (OPTIMIZED rows padded to 64 bytes)."""
+        return allocation_layout(descriptor, _ROW_ALIGN)
+
+    def new_handle(self, size: int, stream: StreamId) -> Handle:
+        """Mint a handle; memory is bound by ``create``."""
+        return self._table.new_handle(size, stream)
+
+    def create(self, handles: Sequence[Handle], stream: StreamId) -> None:
+        """Reserve memory for each minted handle."""
+        self._release_dropped()
+        cursor = self._streams.resolve(stream, ()).cursor
+        for handle in handles:
+            self._reserve(handle, stream, cursor)
+
+    def _reserve(self, handle: Handle, stream: StreamId, cursor: int) -> None:
+        handle_id = handle.memory.id
+        try:
+            self._table.bind(handle_id, self._memory.reserve(handle.buffer_size))
+        except BaseException as exc:
+            self._table.fail(handle_id, exc)
+            raise
+        handle.cursor = cursor
+        self._streams.last_use[handle_id] = (stream, cursor)
+
+    def _release_dropped(self) -> None:
+        self._table.drain(self._forget)
+
+    def _forget(self, handle_id: int, memory: SliceHandle) -> None:
+        self._streams.last_use.pop(handle_id, None)
+
+    def staging(self, sizes: Sequence[int], stream: StreamId) -> list[memoryview]:
+        """Plain host buffers (host memory is already as fast as it gets)."""
+        return [memoryview(bytearray(n)) for n in sizes]
+
+    def create_with_data(self, handle: Handle, data: BytesLike, stream: StreamId) -> None:
+        """Reserve ``handle`` and copy ``data`` into it."""
+        self.create([handle], stream)
+        size = handle.buffer_size
+        self.write([(handle.copy_descriptor((size,), (1,), 1), data)], stream)
+
+    # -- I/O ------------------------------------------------------------------------
+
+    def write(self, items: Sequence[tuple[CopyDescriptor, BytesLike]], stream: StreamId) -> None:
+        """Queue dense bytes into each tensor, in stream order."""
+        jobs = []
+        for desc, data in items:
+            mv = memoryview(data).cast("B")
+            check_copy(desc, mv.nbytes)
+            jobs.append((self._view(desc.binding), desc, mv))
+        resolved = self._streams.resolve(stream, (d.binding for d, _ in items))
+
+        def run() -> None:
+            for view, desc, mv in jobs:
+                scatter(view, desc, mv)
+
+        resolved.stream.submit(run)
+
+    def read(
+        self, descriptors: Sequence[CopyDescriptor], stream: StreamId
+    ) -> HostCompletion[list[bytes]]:
+        """Bytes of each tensor once the stream reaches this point."""
+        jobs = []
+        for desc in descriptors:
+            check_copy(desc)
+            jobs.append((self._view(desc.binding), desc))
+        resolved = self._streams.resolve(stream, (d.binding for d in descriptors))
+        return self._complete_on(resolved.stream, lambda: [gather(v, d) for v, d in jobs])
+
+    def get_resource(self, binding: Binding, stream: StreamId) -> HostCompletion[Any]:
+        """A writable numpy view of the binding's bytes, once the stream's work is done."""
+        view = self._view(binding)
+        offset = binding.offset_start or 0
+        resolved = self._streams.resolve(stream, (binding,))
+        return self._complete_on(
+            resolved.stream, lambda: BindingResource(view, offset, binding.size)
+        )
+
+    def _view(self, binding: Binding) -> View:
+        memory = self._table.get(binding)
+        start = binding.offset_start or 0
+        if binding.size < 0 or start + binding.size > binding.buffer_size:
+            raise InvalidHandle(f"offsets of {binding!r} fall outside its buffer")
+        return self._memory.resource(memory, start, binding.size)
+
+    def _complete_on(self, stream: HostStream, fn: Callable[[], T]) -> HostCompletion[T]:
+        done: HostCompletion[T] = HostCompletion()
+
+        def run() -> None:
+            error = stream.take_error()
+            if error is not None:
+                done.set_error(error)
+                return
+            try:
+                done.set_result(fn())
+            except BaseException as exc:
+                done.set_error(exc)
+
+        stream.submit(run)
+        return done
+
+    # -- execution ------------------------------------------------------------------
+
+    def execute(
+        self,
+        kernel: Kernel,
+        count: CubeCount,
+        bindings: Bindings,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> None:
+        """Queue ``kernel``'s host function on the stream's worker."""
+        fn = kernel.host_part("host")
+        views = [self._view(b) for b in bindings.buffers]
+        maps = [(t, self._view(t.binding)) for t in bindings.tensor_maps]
+        count_view = self._count_view(count, mode)
+        launch = _launch_args(bindings)
+        used = bindings.all_bindings()
+        if count.binding is not None:
+            used.append(count.binding)
+        resolved = self._streams.resolve(stream, used)
+
+        def run() -> None:
+            dims = _read_count(count_view) if count_view is not None else (
+                count.x,
+                count.y,
+                count.z,
+            )
+            fn(HostLaunch(views, launch[0], launch[1], dims, maps))
+
+        resolved.stream.submit(run)
+
+    def _count_view(self, count: CubeCount, mode: ExecutionMode) -> View | None:
+        if count.binding is None:
+            return None
+        if count.binding.size < 12:
+            raise InvalidArgument(
+                f"a dynamic CubeCount needs 12 bytes (uint32 x, y, z); {count.binding!r} has "
+                f"{count.binding.size}"
+            )
+        return self._view(count.binding)
+
+    def flush(self, stream: StreamId) -> None:
+        """Nothing to do: host work is submitted as it comes."""
+
+    def sync(self, stream: StreamId) -> HostCompletion[None]:
+        """Completes when every stream has finished the work queued so far."""
+        events = self._streams.flush_all()
+        current = self._streams.streams.get(stream).stream
+
+        def wait_all() -> None:
+            for event in events:
+                event.wait()
+
+        current.submit(wait_all)
+        return self._complete_on(current, lambda: None)
+
+    # -- memory ---------------------------------------------------------------------
+
+    def memory_usage(self, stream: StreamId) -> MemoryUsage:
+        """Current memory usage."""
+        self._release_dropped()
+        return self._memory.memory_usage()
+
+    def memory_cleanup(self, stream: StreamId) -> None:
+        """Release pages nothing uses."""
+        self._release_dropped()
+        self._memory.cleanup(True)
+
+    def allocation_mode(self, mode: MemoryAllocationMode, stream: StreamId) -> None:
+        """Switch between the auto and persistent pools."""
+        self._memory.mode(mode)
+
+    @property
+    def memory(self) -> MemoryManagement[View]:
+        """The memory manager (for reports)."""
+        return self._memory
+
+    # -- profiling ------------------------------------------------------------------
+
+    def start_profile(self, stream: StreamId) -> ProfilingToken:
+        """Start a wall-clock profile once all queued work is done."""
+        token = ProfilingToken(next(self._tokens))
+        self._profiles[token.id] = self._timestamp(stream)
+        return token
+
+    def end_profile(
+        self, stream: StreamId, token: ProfilingToken
+    ) -> HostCompletion[ProfileDuration]:
+        """Stop the profile once all queued work is done."""
+        start = self._profiles.pop(token.id, None)
+        if start is None:
+            raise ProfileError(f"{token} was never started or has already ended")
+        end = self._timestamp(stream)
+        done: HostCompletion[ProfileDuration] = HostCompletion()
+
+        def finish() -> None:
+            try:
+                done.set_result(ProfileDuration(start.result(), end.result(), TimingMethod.FULL))
+            except BaseException as exc:
+                done.set_error(exc)
+
+        end.add_done_callback(finish)
+        return done
+
+    def _timestamp(self, stream: StreamId) -> HostCompletion[int]:
+        barrier = self.sync(stream)
+        stamp: HostCompletion[int] = HostCompletion()
+
+        def take() -> None:
+            try:
+                barrier.result()
+                stamp.set_result(time.perf_counter_ns())
+            except BaseException as exc:
+                stamp.set_error(exc)
+
+        barrier.add_done_callback(take)
+        return stamp
+
+    # -- shutdown -------------------------------------------------------------------
+
+    def close(self) -> HostCompletion[None]:
+        """Finish queued work, stop the workers and free all memory.
+
+        Errors still held by a stream (fire-and-forget work nobody awaited) fail the
+        returned completion, so they are not lost.
+        """
+        workers = self._streams.existing_streams()
+        done: HostCompletion[None] = HostCompletion()
+        state = _CloseState(len(workers))
+        for worker in workers:
+            worker.stop(lambda w=worker: self._worker_exited(w, state, done))
+        if not workers:
+            self._finish_close(state, done)
+        return done
+
+    def _worker_exited(
+        self, worker: HostStream, state: _CloseState, done: HostCompletion[None]
+    ) -> None:
+        if state.exited(worker.take_error()):
+            self._finish_close(state, done)
+
+    def _finish_close(self, state: _CloseState, done: HostCompletion[None]) -> None:
+        self._table.close()
+        self._memory.close()
+        if state.errors:
+            done.set_error(state.errors[0])
+        else:
+            done.set_result(None)
+
+
+class _CloseState:
+    """Counts workers still running at close and the errors they held."""
+
+    __slots__ = ("errors", "lock", "remaining")
+
+    def __init__(self, workers: int) -> None:
+        self.remaining = workers
+        self.errors: list[BaseException] = []
+        self.lock = threading.Lock()
+
+    def exited(self, error: BaseException | None) -> bool:
+        """Record one worker's exit; True for the last."""
+        with self.lock:
+            if error is not None:
+                self.errors.append(error)
+            self.remaining -= 1
+            return self.remaining == 0
+
+
+def _launch_args(
+    bindings: Bindings,
+) -> tuple[dict[np.dtype[np.generic], npt.NDArray[np.generic]], npt.NDArray[np.uint32]]:
+    scalars = {dt: sb.values() for dt, sb in bindings.scalars.items()}
+    return scalars, bindings.metadata.data
+
+
+def _read_count(view: View) -> tuple[int, int, int]:
+    x, y, z = (int(v) for v in view[:12].view(np.uint32))
+    return x, y, z
+
+
+class _NoLog:
+    def streaming_level(self) -> int:
+        return 0
+
+    def log_streaming(self, level: int, message: Callable[[], str]) -> None:
+        return None

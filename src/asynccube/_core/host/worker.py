@@ -1,0 +1,149 @@
+"""Host streams: one worker thread per stream, running tasks in order.
+
+These are the host server's streams and events (its ``EventStreamBackend``): ``flush``
+enqueues a task that sets a ``threading.Event``; ``wait_event`` enqueues a task that waits
+for one. Workers never run on the event-loop thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from ..errors import AsyncCubeError, ExecutionError
+
+__all__ = ["HostBackend", "HostCompletion", "HostStream"]
+
+T = TypeVar("T")
+Task = Callable[[], None]
+_names = itertools.count()
+
+
+class HostCompletion(Generic[T]):
+    """A result produced on a worker thread; implements the ``Completion`` protocol and
+    notifies callbacks (on the worker thread) when done."""
+
+    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_value")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self._value: T | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        """True once a result or an error is set."""
+        return self._event.is_set()
+
+    def result(self) -> T:
+        """The result, or raise the error."""
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until done (helper threads only)."""
+        return self._event.wait(timeout)
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` once done: now if already done, else on the finishing thread."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn()
+
+    def set_result(self, value: T) -> None:
+        """Complete with ``value``."""
+        self._value = value
+        self._finish()
+
+    def set_error(self, error: BaseException) -> None:
+        """Complete with ``error``."""
+        self._error = error
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
+
+
+class HostStream:
+    """A worker thread that runs its tasks in submission order.
+
+    A task that raises does not stop the stream: the first error is held (later ones are
+    attached as notes) until an awaited operation on this stream takes it.
+    """
+
+    __slots__ = ("_errors", "_queue", "_thread", "name")
+
+    def __init__(self) -> None:
+        self.name = f"asynccube-host-{next(_names)}"
+        self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"HostStream({self.name})"
+
+    def submit(self, task: Task) -> None:
+        """Run ``task`` after everything submitted before it."""
+        self._queue.put(task)
+
+    def take_error(self) -> BaseException | None:
+        """The held error (cleared), with later errors attached as notes (worker only)."""
+        if not self._errors:
+            return None
+        first, *rest = self._errors
+        self._errors.clear()
+        for other in rest:
+            first.add_note(f"also failed on this stream: {type(other).__name__}: {other}")
+        return first
+
+    def stop(self, on_exit: Callable[[], None]) -> None:
+        """Finish queued tasks, call ``on_exit`` on the worker, then end the thread."""
+        self._queue.put(on_exit)
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        get = self._queue.get
+        while (task := get()) is not None:
+            try:
+                task()
+            except AsyncCubeError as exc:
+                self._errors.append(exc)
+            except Exception as exc:
+                err = ExecutionError(f"{type(exc).__name__}: {exc}")
+                err.__cause__ = exc
+                self._errors.append(err)
+            del task
+
+
+class HostBackend:
+    """The host's ``EventStreamBackend``: worker threads and ``threading.Event``s."""
+
+    def create_stream(self) -> HostStream:
+        """A new worker thread."""
+        return HostStream()
+
+    def flush(self, stream: HostStream) -> threading.Event:
+        """An event set once the stream's work so far is done."""
+        event = threading.Event()
+        stream.submit(event.set)
+        return event
+
+    def wait_event(self, stream: HostStream, event: threading.Event) -> None:
+        """Make the stream's later work wait for ``event``."""
+        stream.submit(event.wait)  # type: ignore[arg-type]
+
+    def wait_event_sync(self, event: threading.Event) -> None:
+        """Block until ``event`` (helper threads only)."""
+        event.wait()

@@ -1,0 +1,68 @@
+"""Slice handles: the reference-counted token that keeps a slice of memory alive.
+
+A :class:`SliceHandle` is what cubecl calls ``SliceHandle`` (an ``Arc<SliceId>``): every
+``Handle`` and ``Binding`` over one slice shares the same object. When the last of them
+is gone, CPython's reference counting runs ``__del__`` on whatever thread dropped it,
+which appends the slice id to its owner's release queue (``deque.append`` is atomic, so
+no lock sits on the launch path). The memory manager drains that queue on its own
+thread before it next allocates.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from typing import Final
+
+__all__ = ["ReleaseQueue", "SliceHandle"]
+
+
+class ReleaseQueue:
+    """Where dropped slices go until their memory manager takes them back.
+
+    Attributes:
+        owner_id: Identifies the memory manager (and so the client) owning the slices.
+        closed: Set when the owner is closed: its handles become invalid.
+    """
+
+    __slots__ = ("_queue", "closed", "owner_id")
+
+    def __init__(self, owner_id: int) -> None:
+        self.owner_id: Final = owner_id
+        self.closed = False
+        self._queue: deque[int] = deque()
+
+    def push(self, slice_id: int) -> None:
+        """Record that ``slice_id`` has no handle left (thread-safe, lock-free)."""
+        self._queue.append(slice_id)
+
+    def drain(self) -> list[int]:
+        """Take every released slice id recorded so far (owner thread only)."""
+        out: list[int] = []
+        pop = self._queue.popleft
+        while self._queue:
+            out.append(pop())
+        return out
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+
+class SliceHandle:
+    """Shared token for one slice; its last reference gone, the slice is released."""
+
+    __slots__ = ("__weakref__", "id", "queue")
+
+    def __init__(self, slice_id: int, queue: ReleaseQueue) -> None:
+        self.id: Final = slice_id
+        self.queue: Final = queue
+
+    def __del__(self) -> None:
+        self.queue.push(self.id)
+
+    def __repr__(self) -> str:
+        return f"SliceHandle(id={self.id}, owner={self.queue.owner_id})"
+
+    def refcount(self) -> int:
+        """``sys.getrefcount`` of this token (see ``Handle.can_mut`` for its use)."""
+        return sys.getrefcount(self)

@@ -1,0 +1,76 @@
+"""Per-task stream identity (cubecl's ``StreamId``, per asyncio task instead of per thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+__all__ = ["StreamId"]
+
+_counter = itertools.count(1)
+_owned: ContextVar[tuple[weakref.ReferenceType[object] | int, StreamId] | None] = ContextVar(
+    "asynccube_stream_owned", default=None
+)
+_pinned: ContextVar[StreamId | None] = ContextVar("asynccube_stream_pinned", default=None)
+
+
+def _owner() -> weakref.ReferenceType[object] | int:
+    task = asyncio.current_task() if asyncio._get_running_loop() is not None else None
+    return weakref.ref(task) if task is not None else threading.get_ident()
+
+
+def _same_owner(stored: weakref.ReferenceType[object] | int) -> bool:
+    if isinstance(stored, int):
+        return asyncio._get_running_loop() is None and stored == threading.get_ident()
+    task = asyncio.current_task() if asyncio._get_running_loop() is not None else None
+    return task is not None and stored() is task
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class StreamId:
+    """Identifies a logical stream of work.
+
+    Each asyncio task gets its own stream the first time it asks (``StreamId.current()``),
+    so concurrent tasks run on concurrent device streams. Code outside any task (a
+    thread without a running loop) gets one stream per thread.
+    """
+
+    value: int
+
+    def __str__(self) -> str:
+        return f"StreamId({self.value})"
+
+    @staticmethod
+    def current() -> StreamId:
+        """Return the stream of the calling task (or thread), minting one if needed."""
+        pinned = _pinned.get()
+        if pinned is not None:
+            return pinned
+        owned = _owned.get()
+        if owned is not None and _same_owner(owned[0]):
+            return owned[1]
+        sid = StreamId(next(_counter))
+        _owned.set((_owner(), sid))
+        return sid
+
+    @staticmethod
+    @contextmanager
+    def pinned(stream: StreamId | int) -> Iterator[StreamId]:
+        """Run the ``with`` block on an explicit stream.
+
+        ``with StreamId.pinned(StreamId(7)):`` makes every call in the block, and in
+        tasks it creates, use stream 7. Pins nest; leaving the block restores the
+        previous one.
+        """
+        sid = stream if isinstance(stream, StreamId) else StreamId(int(stream))
+        token = _pinned.set(sid)
+        try:
+            yield sid
+        finally:
+            _pinned.reset(token)
