@@ -28,7 +28,7 @@ __all__ = ["Channel", "State"]
 
 T = TypeVar("T")
 Op = Callable[..., Awaitable[None] | None]
-_BATCH_SECONDS = 0.002
+_BATCH_SECONDS = 0.001
 
 
 class State(enum.Enum):
@@ -110,17 +110,18 @@ class Channel:
 
     async def _drain(self) -> None:
         queue = self._queue
-        deadline = time.perf_counter() + _BATCH_SECONDS
-        count = 0
+        clock = time.perf_counter
+        deadline = clock() + _BATCH_SECONDS
         while queue and not self._stop:
             op, args = queue.popleft()
             pending = op(*args)
             if pending is not None:
                 await pending
-            count += 1
-            if not count & 63 and time.perf_counter() > deadline:
+            if clock() > deadline:
+                self.server.end_batch()
                 await asyncio.sleep(0)
-                deadline = time.perf_counter() + _BATCH_SECONDS
+                deadline = clock() + _BATCH_SECONDS
+        self.server.end_batch()
 
     def fire(self, stream: StreamId, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args, stream)``; hold any error for ``stream``."""

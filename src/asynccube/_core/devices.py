@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .errors import InvalidArgument
 from .host.server import HostServer
 from .server import ComputeServer
+
+if TYPE_CHECKING:
+    from .settings import Settings
 
 __all__ = ["GpuProbe", "make_server", "parse_device", "probe_gpus"]
 
@@ -55,20 +59,21 @@ def probe_gpus() -> GpuProbe:
 
 async def make_server(device: str | None) -> ComputeServer:
     """The server for ``device`` (None: the first usable GPU, else the host)."""
-    from .settings import current_settings
+    from .settings import load_settings
 
-    settings = current_settings()
+    loop = asyncio.get_running_loop()
+    settings = await loop.run_in_executor(None, load_settings)
     if device is None:
-        probe = await asyncio.get_running_loop().run_in_executor(None, probe_gpus)
+        probe = await loop.run_in_executor(None, probe_gpus)
         device = "cuda:0" if probe.usable else "host"
     kind, index = parse_device(device)
     if kind == "host":
         return HostServer(**settings.host_server_options())
-    return await _make_cuda(index)
+    return await _make_cuda(index, settings)
 
 
-async def _make_cuda(index: int) -> ComputeServer:
+async def _make_cuda(index: int, settings: Settings) -> ComputeServer:
     from .cuda.server import open_cuda_server
 
-    server: ComputeServer = await open_cuda_server(index)
+    server: ComputeServer = await open_cuda_server(index, settings)
     return server

@@ -171,6 +171,14 @@ class ComputeServer(Protocol):
         """Submit any work buffered for ``stream``."""
         ...
 
+    def end_batch(self) -> None:
+        """Submit everything buffered while the actor ran a batch of commands.
+
+        The actor calls it whenever it yields to the loop, so buffered work never waits
+        for a later command.
+        """
+        ...
+
     def memory_usage(self, stream: StreamId) -> MemoryUsage:
         """Current memory usage."""
         ...

@@ -1,24 +1,53 @@
-"""The effective settings of servers, read from the configuration."""
+"""The effective settings of new servers, read from the configuration."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Settings", "current_settings"]
+from .config import AsyncCubeConfig, PoolPreset, load_config
+from .logging import ServerLogger
+from .memory import MemoryConfig as PoolLayout
+
+__all__ = ["Settings", "host_workers", "load_settings"]
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Server options derived from the configuration."""
+    """Server options derived from an :class:`AsyncCubeConfig`."""
 
-    max_streams: int = 8
+    config: AsyncCubeConfig
+
+    def logger(self) -> ServerLogger:
+        """A per-area logger at the configured levels."""
+        return ServerLogger.from_config(self.config)
+
+    def pool_layout(self) -> PoolLayout:
+        """The memory pool preset."""
+        if self.config.memory.pool is PoolPreset.EXCLUSIVE:
+            return PoolLayout.exclusive_pages()
+        return PoolLayout.default()
 
     def host_server_options(self) -> dict[str, Any]:
         """Keyword arguments for ``HostServer``."""
-        return {"max_streams": self.max_streams}
+        return {
+            "max_streams": min(self.config.streaming.max_streams, host_workers()),
+            "memory": self.pool_layout(),
+            "logger": self.logger(),
+        }
 
 
-def current_settings() -> Settings:
-    """The settings for a new server."""
-    return Settings()
+def host_workers() -> int:
+    """Worker threads the host server uses at most: one per core (at least 2).
+
+    More workers than cores only contend for the GIL and the cores; the configured
+    ``streaming.max_streams`` still caps it.
+    """
+    return max(2, os.cpu_count() or 2)
+
+
+def load_settings(cwd: Path | None = None) -> Settings:
+    """Read the configuration (file and ``ASYNCCUBE_*``); blocking, call it off the loop."""
+    return Settings(load_config(cwd))

@@ -24,7 +24,8 @@ from ..memory.slice import SliceHandle
 from ..memory.storage import BytesStorage
 from ..memory.table import SliceTable
 from ..server import BindingResource, BytesLike, DeviceProperties
-from ..stream.multi import MultiStream, StreamingLog
+from ..logging import ServerLogger
+from ..stream.multi import MultiStream
 from ..stream_id import StreamId
 from ..types import (
     AllocationDescriptor,
@@ -56,7 +57,7 @@ class HostServer:
     Args:
         max_streams: Worker threads at most (stream index = id mod max_streams).
         memory: Memory pool configuration (default preset if None).
-        logger: Where streaming logs go.
+        logger: Per-area logging (streaming, memory).
     """
 
     def __init__(
@@ -64,14 +65,15 @@ class HostServer:
         *,
         max_streams: int = 8,
         memory: MemoryConfig | None = None,
-        logger: StreamingLog | None = None,
+        logger: ServerLogger | None = None,
     ) -> None:
         self._table: SliceTable[SliceHandle] = SliceTable()
         self._memory: MemoryManagement[View] = MemoryManagement(
             BytesStorage(), memory, owner_id=self._table.queue.owner_id
         )
+        self._backend = HostBackend()
         self._streams: MultiStream[HostStream, threading.Event] = MultiStream(
-            HostBackend(), max_streams, logger or _NoLog()
+            self._backend, max_streams, logger or ServerLogger()
         )
         self._profiles: dict[int, HostCompletion[int]] = {}
         self._tokens = itertools.count(1)
@@ -238,7 +240,12 @@ class HostServer:
         return self._view(count.binding)
 
     def flush(self, stream: StreamId) -> None:
-        """Nothing to do: host work is submitted as it comes."""
+        """Hand the stream's buffered tasks to its worker."""
+        self._streams.streams.get(stream).stream.flush()
+
+    def end_batch(self) -> None:
+        """Hand every buffered task to its worker (the actor calls this when it yields)."""
+        self._backend.flush_dirty()
 
     def sync(self, stream: StreamId) -> HostCompletion[None]:
         """Completes when every stream has finished the work queued so far."""
@@ -375,11 +382,3 @@ def _launch_args(
 def _read_count(view: View) -> tuple[int, int, int]:
     x, y, z = (int(v) for v in view[:12].view(np.uint32))
     return x, y, z
-
-
-class _NoLog:
-    def streaming_level(self) -> int:
-        return 0
-
-    def log_streaming(self, level: int, message: Callable[[], str]) -> None:
-        return None

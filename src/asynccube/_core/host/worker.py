@@ -78,15 +78,19 @@ class HostCompletion(Generic[T]):
 class HostStream:
     """A worker thread that runs its tasks in submission order.
 
-    A task that raises does not stop the stream: the first error is held (later ones are
-    attached as notes) until an awaited operation on this stream takes it.
+    Tasks submitted during one batch of the actor are buffered and handed to the worker
+    together at ``flush()`` (one wake-up per batch, not per task). A task that raises
+    does not stop the stream: the first error is held (later ones are attached as notes)
+    until an awaited operation on this stream takes it.
     """
 
-    __slots__ = ("_errors", "_queue", "_thread", "name")
+    __slots__ = ("_batch", "_dirty", "_errors", "_queue", "_thread", "name")
 
-    def __init__(self) -> None:
+    def __init__(self, dirty: set[HostStream]) -> None:
         self.name = f"asynccube-host-{next(_names)}"
-        self._queue: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[Task] | None] = queue.SimpleQueue()
+        self._batch: list[Task] = []
+        self._dirty = dirty
         self._errors: list[BaseException] = []
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
@@ -95,8 +99,17 @@ class HostStream:
         return f"HostStream({self.name})"
 
     def submit(self, task: Task) -> None:
-        """Run ``task`` after everything submitted before it."""
-        self._queue.put(task)
+        """Run ``task`` after everything submitted before it (once flushed)."""
+        if not self._batch:
+            self._dirty.add(self)
+        self._batch.append(task)
+
+    def flush(self) -> None:
+        """Hand the buffered tasks to the worker."""
+        if self._batch:
+            self._queue.put(self._batch)
+            self._batch = []
+        self._dirty.discard(self)
 
     def take_error(self) -> BaseException | None:
         """The held error (cleared), with later errors attached as notes (worker only)."""
@@ -108,36 +121,45 @@ class HostStream:
             first.add_note(f"also failed on this stream: {type(other).__name__}: {other}")
         return first
 
-    def stop(self, on_exit: Callable[[], None]) -> None:
+    def stop(self, on_exit: Task) -> None:
         """Finish queued tasks, call ``on_exit`` on the worker, then end the thread."""
-        self._queue.put(on_exit)
+        self.submit(on_exit)
+        self.flush()
         self._queue.put(None)
 
     def _run(self) -> None:
         get = self._queue.get
-        while (task := get()) is not None:
-            try:
-                task()
-            except AsyncCubeError as exc:
-                self._errors.append(exc)
-            except Exception as exc:
-                err = ExecutionError(f"{type(exc).__name__}: {exc}")
-                err.__cause__ = exc
-                self._errors.append(err)
-            del task
+        while (batch := get()) is not None:
+            batch.reverse()
+            while batch:  # pop each task so that nothing keeps it (or its bindings) alive
+                self._run_task(batch.pop())
+
+    def _run_task(self, task: Task) -> None:
+        try:
+            task()
+        except AsyncCubeError as exc:
+            self._errors.append(exc)
+        except Exception as exc:
+            err = ExecutionError(f"{type(exc).__name__}: {exc}")
+            err.__cause__ = exc
+            self._errors.append(err)
 
 
 class HostBackend:
     """The host's ``EventStreamBackend``: worker threads and ``threading.Event``s."""
 
+    def __init__(self) -> None:
+        self.dirty: set[HostStream] = set()
+
     def create_stream(self) -> HostStream:
         """A new worker thread."""
-        return HostStream()
+        return HostStream(self.dirty)
 
     def flush(self, stream: HostStream) -> threading.Event:
         """An event set once the stream's work so far is done."""
         event = threading.Event()
         stream.submit(event.set)
+        stream.flush()
         return event
 
     def wait_event(self, stream: HostStream, event: threading.Event) -> None:
@@ -147,3 +169,8 @@ class HostBackend:
     def wait_event_sync(self, event: threading.Event) -> None:
         """Block until ``event`` (helper threads only)."""
         event.wait()
+
+    def flush_dirty(self) -> None:
+        """Hand every stream's buffered tasks to its worker."""
+        for stream in list(self.dirty):
+            stream.flush()

@@ -14,10 +14,12 @@ place by a kernel on task A's stream and then bound on task B's stream is seen c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from ..config import LogLevel
+from ..logging import ServerLogger
 from ..stream_id import StreamId
 from ..types import Binding
 from .pool import StreamPool
@@ -28,27 +30,10 @@ __all__ = [
     "ResolvedStreams",
     "SharedBindingAnalysis",
     "StreamWrapper",
-    "StreamingLog",
 ]
 
 St = TypeVar("St")
 Ev = TypeVar("Ev")
-
-
-BASIC = 1
-FULL = 2
-
-
-class StreamingLog(Protocol):
-    """What MultiStream needs of a logger: lazy streaming logs at cubecl's levels."""
-
-    def streaming_level(self) -> int:
-        """0 disabled, 1 basic, 2 full."""
-        ...
-
-    def log_streaming(self, level: int, message: Callable[[], str]) -> None:
-        """Log ``message()`` if streaming logs are at ``level`` or above."""
-        ...
 
 
 class EventStreamBackend(Protocol[St, Ev]):
@@ -134,7 +119,7 @@ class MultiStream(Generic[St, Ev]):
     """
 
     def __init__(
-        self, backend: EventStreamBackend[St, Ev], max_streams: int, logger: StreamingLog
+        self, backend: EventStreamBackend[St, Ev], max_streams: int, logger: ServerLogger
     ) -> None:
         self.backend = backend
         self.streams: StreamPool[StreamWrapper[St]] = StreamPool(_Factory(backend), max_streams, 1)
@@ -188,10 +173,10 @@ class MultiStream(Generic[St, Ev]):
     def _log_shared(
         self, binding: Binding, origin: StreamId, stream_id: StreamId, last: int | None, cursor: int
     ) -> None:
-        if self.logger.streaming_level() >= FULL:
+        if self.logger.streaming >= LogLevel.FULL:
             why = "it was never synced" if last is None else f"it's not synced {last} < {cursor}"
             self.logger.log_streaming(
-                FULL,
+                LogLevel.FULL,
                 lambda: f"Binding {binding!r} on {origin} is shared on {stream_id} since {why}",
             )
 
@@ -206,9 +191,10 @@ class MultiStream(Generic[St, Ev]):
         current = self.streams.get(stream_id)
         for origin, cursor, event in events:
             current.last_synced[origin] = cursor
-            self.logger.log_streaming(
-                BASIC, lambda o=origin: f"Waiting on {o} from {stream_id}"
-            )
+            if self.logger.streaming:
+                self.logger.log_streaming(
+                    LogLevel.BASIC, lambda o=origin: f"Waiting on {o} from {stream_id}"
+                )
             self.backend.wait_event(current.stream, event)
 
     def gc_stream(self) -> St:

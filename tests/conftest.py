@@ -1,0 +1,89 @@
+"""Shared fixtures: the loop-lag probe on every async test, clients, GPU detection."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+import asynccube as ac
+from asynccube._core.devices import probe_gpus
+
+from .lagprobe import MAX_LAG_SECONDS, LoopLagProbe
+
+_GPU = probe_gpus()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Worker threads holding the GIL for the default 5 ms would read as a blocked loop.
+    sys.setswitchinterval(0.0002)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # A full collection of everything imported so far can pause the loop for > 5 ms.
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_cuda = pytest.mark.skip(reason=f"needs a CUDA GPU: {_GPU.reason}")
+    for item in items:
+        if "cuda" in item.keywords and not _GPU.usable:
+            item.add_marker(skip_cuda)
+        if item.get_closest_marker("asyncio") and not item.get_closest_marker("allow_loop_lag"):
+            assert isinstance(item, pytest.Function)
+            item.obj = _with_lag_probe(item.obj)
+
+
+def _with_lag_probe(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """Wrap an async test so that it fails if its loop is blocked for more than 5 ms
+    while the test body runs (fixtures run with the loop stopped in between)."""
+
+    @functools.wraps(test)
+    async def probed(*args: Any, **kwargs: Any) -> None:
+        probe = LoopLagProbe()
+        probe.start()
+        try:
+            await test(*args, **kwargs)
+        finally:
+            worst = await probe.stop()
+        if worst > MAX_LAG_SECONDS:
+            pytest.fail(
+                f"the event loop was blocked for {worst * 1e3:.1f} ms (limit 5 ms) by "
+                f"{probe.culprit}"
+            )
+
+    return probed
+
+
+def _devices() -> list[str]:
+    return ["host", "cuda:0"] if _GPU.usable else ["host"]
+
+
+@pytest.fixture(params=_devices())
+def device(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each device the suite can run on: the host, and cuda:0 where a GPU is usable."""
+    yield request.param
+
+
+@pytest_asyncio.fixture
+async def client(device: str) -> AsyncIterator[ac.ComputeClient]:
+    """An open client on each device; closed (and checked to close cleanly) after."""
+    c = await ac.connect(device)
+    yield c
+    if not c.closed:
+        await c.close()
+
+
+@pytest_asyncio.fixture
+async def host_client() -> AsyncIterator[ac.ComputeClient]:
+    """An open client on the host server."""
+    c = await ac.connect("host")
+    yield c
+    if not c.closed:
+        await c.close()

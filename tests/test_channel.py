@@ -1,0 +1,239 @@
+"""The channel: batching actor, held errors, close, death, loops and threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import asynccube as ac
+
+from .kernels import ADD, NOOP, SLOW_FILL, add_bindings, blocks
+
+pytestmark = pytest.mark.asyncio
+
+
+def _failing_kernel() -> ac.Kernel:
+    def boom(launch: ac.HostLaunch) -> None:
+        raise RuntimeError("kernel exploded")
+
+    return ac.Kernel("boom", host=boom)
+
+
+async def test_fire_and_forget_error_raised_at_next_await_on_that_stream(
+    host_client: ac.ComputeClient,
+) -> None:
+    host_client.execute(_failing_kernel(), ac.CubeCount(1), ac.Bindings())
+
+    async def other_stream() -> None:
+        await host_client.sync()  # another task, another stream: not its error
+
+    await asyncio.create_task(other_stream())
+    with pytest.raises(ac.ExecutionError, match="kernel exploded"):
+        await host_client.sync()
+    await host_client.sync()  # raised once, then cleared
+
+
+async def test_two_errors_are_reported_together(host_client: ac.ComputeClient) -> None:
+    host_client.execute(_failing_kernel(), ac.CubeCount(1), ac.Bindings())
+    host_client.execute(_failing_kernel(), ac.CubeCount(1), ac.Bindings())
+    with pytest.raises(ac.ExecutionError) as info:
+        await host_client.sync()
+    assert any("also failed" in n for n in info.value.__notes__)
+
+
+async def test_100_concurrent_tasks_match_numpy(host_client: ac.ComputeClient) -> None:
+    rng = np.random.default_rng(0)
+
+    async def work(i: int) -> None:
+        n = 64 + i
+        a, b = rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32)
+        ha, hb, out = host_client.create(a), host_client.create(b), host_client.empty(4 * n)
+        host_client.execute(ADD, blocks(n), add_bindings(ha, hb, out, n))
+        np.testing.assert_array_equal(await host_client.read_array(out, np.float32), a + b)
+
+    await asyncio.gather(*(work(i) for i in range(100)))
+
+
+async def test_commands_are_batched(host_client: ac.ComputeClient) -> None:
+    for _ in range(500):
+        host_client.execute(NOOP, ac.CubeCount(1), ac.Bindings())
+    await host_client.sync()
+    usage = await host_client.memory_usage()
+    assert usage.number_allocs == 0
+
+
+async def test_cancelled_read_leaves_client_usable_and_leaks_nothing(
+    host_client: ac.ComputeClient,
+) -> None:
+    baseline = await host_client.memory_usage()
+    slow = host_client.empty(1024)
+    host_client.execute(
+        SLOW_FILL,
+        ac.CubeCount(1),
+        ac.Bindings().with_buffer(slow).with_scalar(np.float32, [0.05]).with_scalar(np.uint8, [7]),
+    )
+
+    async def reader() -> list[bytes]:
+        return await host_client.read([slow])
+
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0.005)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await host_client.read([slow]) == [bytes([7]) * 1024]
+    del slow
+    host_client.memory_cleanup()
+    after = await host_client.memory_usage()
+    assert after.bytes_in_use == baseline.bytes_in_use
+    assert after.number_allocs == baseline.number_allocs
+
+
+async def test_future_returned_before_await_keeps_order(host_client: ac.ComputeClient) -> None:
+    h = host_client.create(b"aaaa")
+    first = host_client.read([h])
+    host_client.write([(h.copy_descriptor((4,), (1,), 1), b"bbbb")])
+    second = host_client.read([h])
+    assert await first == [b"aaaa"]
+    assert await second == [b"bbbb"]
+
+
+async def test_close_finishes_queued_work() -> None:
+    client = await ac.connect("host")
+    out = client.empty(8)
+    client.execute(
+        SLOW_FILL,
+        ac.CubeCount(1),
+        ac.Bindings().with_buffer(out).with_scalar(np.float32, [0.02]).with_scalar(np.uint8, [9]),
+    )
+    pending = client.read([out])
+    await client.close()
+    assert await pending == [bytes([9]) * 8]
+
+
+async def test_close_raises_unobserved_errors() -> None:
+    client = await ac.connect("host")
+    client.execute(_failing_kernel(), ac.CubeCount(1), ac.Bindings())
+    with pytest.raises(ac.ExecutionError, match="kernel exploded"):
+        await client.close()
+    assert client.closed
+
+
+async def test_open_client_context_closes() -> None:
+    async with ac.open_client("host") as client:
+        h = client.create(b"abc")
+        assert await client.read([h]) == [b"abc"]
+    assert client.closed
+    with pytest.raises(ac.ClientClosedError):
+        client.empty(1)
+
+
+async def test_actor_death_fails_pending_and_later_awaitables() -> None:
+    client = await ac.connect("host")
+    slow = client.empty(8)
+    client.execute(
+        SLOW_FILL,
+        ac.CubeCount(1),
+        ac.Bindings().with_buffer(slow).with_scalar(np.float32, [0.05]).with_scalar(np.uint8, [1]),
+    )
+    pending = client.read([slow])
+    client._channel.kill_for_test(RuntimeError("actor bug"))
+    queued_after = client.sync()
+    with pytest.raises(ac.ClientDeadError, match="actor bug"):
+        await asyncio.wait_for(pending, 2)
+    with pytest.raises(ac.ClientDeadError):
+        await asyncio.wait_for(queued_after, 2)
+    with pytest.raises(ac.ClientDeadError):
+        client.read([slow])
+    await client.close()  # closing a dead client does not hang or raise
+
+
+async def test_call_from_another_thread_is_refused(host_client: ac.ComputeClient) -> None:
+    errors: list[BaseException] = []
+
+    def from_thread() -> None:
+        try:
+            host_client.empty(8)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=from_thread)
+    thread.start()
+    await asyncio.get_running_loop().run_in_executor(None, thread.join)
+    assert len(errors) == 1 and isinstance(errors[0], ac.LoopMismatchError)
+    assert "run_coroutine_threadsafe" in str(errors[0])
+
+
+async def test_another_thread_can_route_through_run_coroutine_threadsafe(
+    host_client: ac.ComputeClient,
+) -> None:
+    async def job() -> list[bytes]:
+        return await host_client.read([host_client.create(b"routed")])
+
+    def from_thread() -> list[bytes]:
+        return asyncio.run_coroutine_threadsafe(job(), host_client.loop).result(5)
+
+    result = await asyncio.get_running_loop().run_in_executor(None, from_thread)
+    assert result == [b"routed"]
+
+
+async def test_call_from_another_event_loop_is_refused(host_client: ac.ComputeClient) -> None:
+    async def in_other_loop() -> None:
+        host_client.empty(8)
+
+    def run_other() -> BaseException | None:
+        try:
+            asyncio.run(in_other_loop())
+        except BaseException as exc:
+            return exc
+        return None
+
+    err = await asyncio.get_running_loop().run_in_executor(None, run_other)
+    assert isinstance(err, ac.LoopMismatchError)
+    h = host_client.create(b"fine")
+    assert await host_client.read([h]) == [b"fine"]
+
+
+async def test_stream_id_is_per_task_and_can_be_pinned() -> None:
+    mine = ac.StreamId.current()
+    assert ac.StreamId.current() == mine
+
+    async def child() -> ac.StreamId:
+        return ac.StreamId.current()
+
+    a, b = await asyncio.gather(child(), child())
+    assert len({mine, a, b}) == 3
+    with ac.StreamId.pinned(ac.StreamId(4242)) as pinned:
+        assert ac.StreamId.current() == pinned
+        assert await asyncio.create_task(child()) == pinned
+    assert ac.StreamId.current() == mine
+
+
+async def test_pinned_stream_carries_handles(host_client: ac.ComputeClient) -> None:
+    with ac.StreamId.pinned(77):
+        h = host_client.create(b"pinned")
+    assert h.stream == ac.StreamId(77)
+    assert await host_client.read([h]) == [b"pinned"]
+
+
+async def test_lag_probe_detects_a_blocked_loop() -> None:
+    import time
+
+    from .lagprobe import LoopLagProbe
+
+    probe = LoopLagProbe()
+    probe.start()
+    await asyncio.sleep(0)
+    time.sleep(0.001)  # noqa: ASYNC251 - below the limit: tolerated
+    await asyncio.sleep(0)
+    assert 0.001 <= await probe.stop() < 0.005
+    probe = LoopLagProbe()
+    probe.start()
+    await asyncio.sleep(0)
+    time.sleep(0.012)  # noqa: ASYNC251 - the point of the test
+    await asyncio.sleep(0)
+    assert await probe.stop() > 0.005
+    assert "test_lag_probe_detects_a_blocked_loop" in probe.culprit
