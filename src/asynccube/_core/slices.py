@@ -58,7 +58,7 @@ class SliceHandle:
         self.queue: Final = queue
 
     def __del__(self) -> None:
-        self.queue.push(self.id)
+        self.queue._queue.append(self.id)  # push(), inlined: this runs for every handle
 
     def __repr__(self) -> str:
         return f"SliceHandle(id={self.id}, owner={self.queue.owner_id})"

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from ..errors import InvalidHandle
+from ..slices import ReleaseQueue, SliceHandle
 from ..stream_id import StreamId
 from ..types import Binding, Handle
-from ..slices import ReleaseQueue, SliceHandle
 
 __all__ = ["SliceTable"]
 

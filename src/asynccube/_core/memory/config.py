@@ -1,0 +1,231 @@
+"""Memory configuration: which pools a :class:`MemoryManagement` routes requests through.
+
+Mirrors cubecl's ``MemoryConfiguration`` (``SubSlices``, ``ExclusivePages``, ``Custom``)
+and ``MemoryPoolOptions``. A request goes to the first pool, in order, whose maximum
+allocation size is at least the request; that pool serves it from a free slice or grows
+by one page. The presets are resolved against the storage's alignment when the manager
+is built, so one config serves the host (64-byte) and CUDA (512-byte) storages alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "DEFAULT_CACHE_RATIO",
+    "DEFAULT_MAX_ALLOCATION",
+    "ExclusivePages",
+    "MemoryConfig",
+    "PoolOptions",
+    "SlicedPages",
+]
+
+KiB: Final = 1024
+MiB: Final = 1024 * KiB
+GiB: Final = 1024 * MiB
+
+DEFAULT_MAX_ALLOCATION: Final = 2**40
+"""Largest single allocation when neither the config nor the storage says less (1 TiB)."""
+
+DEFAULT_CACHE_RATIO: Final = 0.1
+"""The default preset's bound on empty pages kept, as a fraction of the other pages."""
+
+_BASE_DEALLOC_PERIOD: Final = 5000
+"""Allocation calls a free exclusive page may go unused before it is released (cubecl's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlicedPages:
+    """A pool of ``page_size`` pages carved into slices of at most ``max_slice_size``.
+
+    Free slices are reused best-fit (the smallest free slice that is large enough, an
+    exact size first) and split; free neighbours are coalesced when a request finds no
+    fit. Pages are released by an explicit cleanup (or an out-of-memory retry), and,
+    with ``MemoryConfig.cache_ratio``, when the manager grows.
+
+    Args:
+        page_size: The size of a page.
+        max_slice_size: The largest request accepted. Above ``page_size``, a request
+            gets a page of its own rounded up to a multiple of ``page_size``, whose
+            free rest serves other requests.
+    """
+
+    page_size: int
+    max_slice_size: int
+
+    def __post_init__(self) -> None:
+        _check_positive("page_size", self.page_size)
+        _check_positive("max_slice_size", self.max_slice_size)
+
+    @property
+    def max_alloc_size(self) -> int:
+        """The largest request this pool accepts."""
+        return self.max_slice_size
+
+
+@dataclass(frozen=True, slots=True)
+class ExclusivePages:
+    """A pool in which every page holds exactly one slice.
+
+    Args:
+        max_alloc_size: The largest request this pool accepts.
+        dealloc_period: A free page left unused for about this many allocation calls is
+            released; ``None`` keeps free pages until an explicit cleanup.
+        size_classes: New pages are rounded up to one of this many sizes per power of
+            two (at most ``1/size_classes`` of padding), so that pages freed by one
+            request fit the next ones of a similar size; 0 rounds to the alignment only.
+        max_waste: A free page is reused for a request only if it is at most this
+            fraction larger than the (rounded) request; ``None`` reuses any larger page.
+    """
+
+    max_alloc_size: int
+    dealloc_period: int | None = None
+    size_classes: int = 0
+    max_waste: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive("max_alloc_size", self.max_alloc_size, allow_zero=True)
+        if self.dealloc_period is not None:
+            _check_positive("dealloc_period", self.dealloc_period)
+        if self.size_classes < 0 or self.size_classes & (self.size_classes - 1):
+            raise ValueError(f"size_classes must be 0 or a power of two, got {self.size_classes}")
+        if self.max_waste is not None and not self.max_waste >= 0:
+            raise ValueError(f"max_waste must be >= 0, got {self.max_waste}")
+
+
+PoolOptions = SlicedPages | ExclusivePages
+"""The options of one pool."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryConfig:
+    """How a memory manager is laid out: a preset, or a custom list of pools.
+
+    Build one with :meth:`default`, :meth:`exclusive_pages` or :meth:`custom`.
+
+    Attributes:
+        preset: ``"default"`` (the sub-slices ladder), ``"exclusive_pages"`` or
+            ``"custom"``.
+        pools: The pools of a custom config, in routing order.
+        max_allocation: The largest single allocation allowed; ``None`` means the
+            storage's limit, capped at :data:`DEFAULT_MAX_ALLOCATION`.
+        cache_ratio: Before the manager grows by a page, it releases empty pages
+            (largest first) until the empty pages it keeps hold at most this fraction of
+            the bytes of its other pages, so what it reserves stays within about
+            ``1 + cache_ratio`` times what its pages hold; ``None`` keeps empty pages
+            until each pool's own policy releases them (cubecl's behaviour).
+        persistent_size_match: Outside persistent windows, also serve a request from
+            the persistent pool when it holds a free slice of exactly that size (cubecl's
+            ``PersistentMemory::SizeMatch``).
+    """
+
+    preset: str = "default"
+    pools: tuple[PoolOptions, ...] = ()
+    max_allocation: int | None = None
+    cache_ratio: float | None = None
+    persistent_size_match: bool = False
+
+    def __post_init__(self) -> None:
+        if self.preset not in ("default", "exclusive_pages", "custom"):
+            raise ValueError(f"unknown memory preset {self.preset!r}")
+        if self.preset == "custom" and not self.pools:
+            raise ValueError("a custom memory config needs at least one pool")
+        if self.max_allocation is not None:
+            _check_positive("max_allocation", self.max_allocation, allow_zero=True)
+        if self.cache_ratio is not None and not self.cache_ratio >= 0:
+            raise ValueError(f"cache_ratio must be >= 0, got {self.cache_ratio}")
+
+    @classmethod
+    def default(
+        cls,
+        *,
+        max_allocation: int | None = None,
+        cache_ratio: float | None = DEFAULT_CACHE_RATIO,
+        persistent_size_match: bool = False,
+    ) -> MemoryConfig:
+        """The sub-slices ladder: sliced pools up to 32 MiB, exclusive pages above, and
+        empty pages kept up to ``cache_ratio`` of the rest."""
+        return cls("default", (), max_allocation, cache_ratio, persistent_size_match)
+
+    @classmethod
+    def exclusive_pages(cls, *, max_allocation: int | None = None) -> MemoryConfig:
+        """One slice per page, in a ladder of page sizes (cubecl's ``ExclusivePages``)."""
+        return cls("exclusive_pages", (), max_allocation)
+
+    @classmethod
+    def custom(
+        cls,
+        pools: Sequence[PoolOptions],
+        *,
+        max_allocation: int | None = None,
+        cache_ratio: float | None = None,
+    ) -> MemoryConfig:
+        """Exactly the pools given, in routing order."""
+        return cls("custom", tuple(pools), max_allocation, cache_ratio)
+
+    def pool_options(self, alignment: int, max_allocation: int) -> tuple[PoolOptions, ...]:
+        """The pools this config stands for, for a storage of ``alignment``."""
+        if self.preset == "custom":
+            return self.pools
+        if self.preset == "exclusive_pages":
+            return _exclusive_ladder(alignment, max_allocation)
+        return _sub_slices(alignment, max_allocation)
+
+
+def _check_positive(name: str, value: int, *, allow_zero: bool = False) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if allow_zero else 1):
+        raise ValueError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} int")
+
+
+def align_up(size: int, alignment: int) -> int:
+    """``size`` rounded up to a multiple of ``alignment`` (a power of two)."""
+    return (size + alignment - 1) & -alignment
+
+
+def _sub_slices(alignment: int, max_allocation: int) -> tuple[PoolOptions, ...]:
+    """The default ladder, tuned on the mixed-size trace of ``benchmarks/bench_memory.py``.
+
+    It keeps the shape of cubecl's ``SubSlices`` (sliced pools whose pages grow with
+    their slices) with smaller pages, and hands the largest requests to exclusive pages.
+    Requests up to 4 MiB share pages sliced best-fit; each rung's page is 8 times its
+    largest slice, so one page serves many requests and a partly used page wastes little
+    (2 MiB pages for <= 256 KiB, 8 MiB for <= 1 MiB, 32 MiB for <= 4 MiB).
+    Requests up to 32 MiB are carved from 64 MiB pages. Larger requests get exclusive
+    pages of their aligned size, reused by requests up to 1/4 smaller, and released
+    after 5000 allocation calls unused (cubecl's period). With the default
+    ``cache_ratio``, empty pages beyond 1/10 of the rest are released whenever the
+    manager must grow.
+    """
+    return (
+        SlicedPages(align_up(2 * MiB, alignment), align_up(256 * KiB, alignment)),
+        SlicedPages(align_up(8 * MiB, alignment), align_up(1 * MiB, alignment)),
+        SlicedPages(align_up(32 * MiB, alignment), align_up(4 * MiB, alignment)),
+        SlicedPages(align_up(64 * MiB, alignment), align_up(32 * MiB, alignment)),
+        ExclusivePages(
+            max(max_allocation, align_up(32 * MiB, alignment)),
+            dealloc_period=_BASE_DEALLOC_PERIOD,
+            max_waste=0.25,
+        ),
+    )
+
+
+def _exclusive_ladder(alignment: int, max_allocation: int) -> tuple[PoolOptions, ...]:
+    """cubecl's ExclusivePages preset: 24 log-spaced page sizes from 32 KiB up."""
+    top = max(min(max_allocation, 2 * GiB), 64 * KiB)
+    sizes: list[int] = []
+    count = 24
+    low = 32 * KiB
+    for i in range(count):
+        size = align_up(int(low * (top / low) ** (i / (count - 1))), alignment)
+        if not sizes or size > sizes[-1]:
+            sizes.append(size)
+    pools: list[PoolOptions] = [ExclusivePages(s, _dealloc_period(s)) for s in sizes]
+    if max_allocation > sizes[-1]:
+        pools.append(ExclusivePages(max_allocation, _dealloc_period(max_allocation)))
+    return tuple(pools)
+
+
+def _dealloc_period(size: int) -> int:
+    return int(_BASE_DEALLOC_PERIOD * round(1 + size / GiB))

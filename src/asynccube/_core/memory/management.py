@@ -1,0 +1,439 @@
+"""Memory management: slices of storage pages, handed out as reference-counted handles.
+
+A port of cubecl-runtime's ``MemoryManagement``. Each request is routed through an
+ordered list of pools (the first pool whose maximum allocation size fits wins; see
+:mod:`.config` for the presets), or to the persistent pool while a persistent window is
+open. The pool serves it from a free slice, or grows by one page from the
+:class:`~.storage.ComputeStorage`.
+
+Handle lifetime
+    :meth:`MemoryManagement.reserve` returns a :class:`SliceHandle`. Every ``Handle`` and
+    ``Binding`` over the slice shares that object; when the last reference is gone,
+    CPython runs ``SliceHandle.__del__`` on whatever thread dropped it, which appends
+    the slice id to the manager's :class:`ReleaseQueue` (``deque.append``: atomic, no
+    lock). The manager drains the queue on its owner thread at the start of
+    :meth:`~MemoryManagement.reserve`, :meth:`~MemoryManagement.memory_usage`,
+    :meth:`~MemoryManagement.report` and :meth:`~MemoryManagement.cleanup`, and only then
+    does the slice go back to its pool. Nothing on the reserve path takes a lock.
+
+Threads
+    Only ``SliceHandle.__del__`` may run on other threads. Every method of the manager,
+    and of its pools and storage, runs on the owner thread (the server's actor).
+
+Cross-stream safety
+    The manager knows nothing of streams. A slice may be reused as soon as its last
+    handle is dropped, so the server must keep a reference to the ``SliceHandle`` (a
+    binding) until every stream that uses the slice has passed it: queued work holds the
+    bindings it touches (a resource, a numpy view or a device pointer, does not keep the
+    slice), and the ``MultiStream`` keeps bindings shared across streams until the
+    origin's event has completed. A slice that comes back to its pool is therefore free
+    on every stream.
+
+One manager per server (bounded growth)
+    A server owns exactly ONE ``MemoryManagement``, shared by all of its streams. Pools
+    are not kept per stream: with a pool per stream each grows to its own peak, and many
+    short-lived tasks (each on its own stream) multiply the reservation (the growth
+    reported in burn#4991). With one manager, memory released by a finished task is
+    reused by the next, so the reservation follows the peak of the live data, not the
+    number of streams that ever existed.
+
+Growth
+    A pool grows by a page only when no free slice fits. With ``MemoryConfig.cache_ratio``
+    (the default preset's 0.1), the manager first releases empty pages, largest first,
+    beyond that fraction of its other pages, so what it reserves tracks what is live.
+
+Failures
+    A request larger than :attr:`~MemoryManagement.max_allocation`, or negative, raises
+    ``BufferTooBig``. When the storage runs out of memory the manager runs one explicit
+    cleanup (releasing empty pages of every pool) and retries once; a second failure
+    raises ``OutOfMemory`` naming the size requested and the bytes reserved. Neither
+    failure disturbs any live slice. Unknown, freed, foreign or closed handles raise
+    ``InvalidHandle``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import operator
+from bisect import bisect_left
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Final, Generic, TypeVar
+
+from ..errors import BufferTooBig, InvalidArgument, InvalidHandle, OutOfMemory
+from ..types import MemoryAllocationMode, MemoryUsage
+from .config import DEFAULT_MAX_ALLOCATION, ExclusivePages, MemoryConfig, PoolOptions
+from .pools import ExclusivePool, PersistentPool, Pool, PoolReport, Slice, SlicedPool
+from .slice import ReleaseQueue, SliceHandle
+from .storage import ComputeStorage, StorageHandle, StorageOutOfMemory
+
+__all__ = ["MemoryManagement", "MemoryReport"]
+
+R = TypeVar("R")
+
+logger = logging.getLogger("asynccube.memory")
+
+_TICK: Final = 1024
+"""Allocation calls between two periodic cleanups at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReport:
+    """A manager's state, pool by pool.
+
+    Attributes:
+        pools: The dynamic pools, in routing order.
+        persistent: The persistent pool.
+        alloc_calls: ``reserve`` calls so far.
+    """
+
+    pools: tuple[PoolReport, ...]
+    persistent: PoolReport
+    alloc_calls: int
+
+    @property
+    def usage(self) -> MemoryUsage:
+        """The usage summed over every pool."""
+        total = self.persistent.usage
+        for pool in self.pools:
+            total = total.combine(pool.usage)
+        return total
+
+    def __str__(self) -> str:
+        lines = [f"memory: {self.usage} after {self.alloc_calls} allocation calls"]
+        for p in (*self.pools, self.persistent):
+            page = f", page {p.page_size}" if p.page_size else ""
+            lines.append(
+                f"  {p.kind} <= {p.max_alloc_size}{page}: {p.usage}; pages {p.pages} "
+                f"(peak {p.pages_peak}), largest {p.largest_allocation}"
+            )
+        return "\n".join(lines)
+
+
+class MemoryManagement(Generic[R]):
+    """Reserves slices of storage pages and takes them back when their handles die.
+
+    Args:
+        storage: Where pages come from (its ``alignment`` aligns every slice).
+        config: The pool layout; :meth:`MemoryConfig.default` when ``None``.
+        owner_id: Identifies the owner (the client); stamped on the release queue, and
+            so on every handle, to recognise foreign handles.
+
+    Attributes:
+        storage: The storage.
+        queue: Where dropped slice ids wait for the owner thread.
+        max_allocation: The largest single allocation allowed.
+        alignment: The storage's alignment.
+    """
+
+    def __init__(
+        self, storage: ComputeStorage[R], config: MemoryConfig | None = None, *, owner_id: int
+    ) -> None:
+        config = MemoryConfig.default() if config is None else config
+        self.storage = storage
+        self.config = config
+        self.alignment: Final = storage.alignment
+        self.queue: Final = ReleaseQueue(owner_id)
+        self._pending = self.queue._queue
+        self._slices: dict[int, Slice] = {}
+        ids = itertools.count(1)
+        self.pools: list[Pool] = [
+            _build_pool(o, self.alignment, self._slices, ids)
+            for o in config.pool_options(self.alignment, self._limit())
+        ]
+        self.max_allocation: int = min(self._limit(), max(p.max_alloc_size for p in self.pools))
+        self._cap = self.max_allocation
+        self.persistent_pool = PersistentPool(
+            self.max_allocation, self.alignment, self._slices, ids
+        )
+        self._limits, self._routes = _routing(self.pools)
+        self._first_limit, self._first_pool = self._limits[0], self._routes[0]
+        self._alloc_calls = 0
+        self._persistent_depth = 0
+        self._use_persistent = config.persistent_size_match
+        self._cache_ratio = config.cache_ratio
+        self._tick = _tick_period(self.pools)
+        self._next_check = self._tick
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryManagement(owner={self.queue.owner_id}, pools={len(self.pools)}, "
+            f"slices={len(self._slices)}, reserved={self.bytes_reserved})"
+        )
+
+    def _limit(self) -> int:
+        limit = self.config.max_allocation
+        if limit is None:
+            limit = DEFAULT_MAX_ALLOCATION
+            if self.storage.max_alloc is not None:
+                limit = min(limit, self.storage.max_alloc)
+        return limit
+
+    # -- the hot path -------------------------------------------------------------------
+
+    def reserve(self, size: int) -> SliceHandle:
+        """A new slice of ``size`` bytes.
+
+        Raises:
+            BufferTooBig: ``size`` is negative or above :attr:`max_allocation`.
+            InvalidArgument: ``size`` is not an integer.
+            OutOfMemory: The storage failed even after a cleanup and one retry.
+            InvalidHandle: The manager is closed.
+        """
+        pending = self._pending
+        if pending:
+            slices = self._slices
+            while pending:
+                sl = slices.get(pending.popleft())
+                if sl is not None and sl.used >= 0:
+                    sl.pool.release(sl)
+        if size.__class__ is not int:
+            size = self._as_size(size)
+        if not 0 <= size <= self._cap:
+            self._reject(size)
+        n = self._alloc_calls = self._alloc_calls + 1
+        if n >= self._next_check:
+            self._periodic_cleanup(n)
+        if self._use_persistent:
+            sl = self._reserve_persistent(size)
+        else:
+            if size <= self._first_limit:  # the common case: no bisection
+                pool = self._first_pool
+            else:
+                pool = self._routes[bisect_left(self._limits, size)]
+            sl = pool.try_reserve(size) or self._grow(pool, size)
+        return SliceHandle(sl.id, self.queue)
+
+    def _drain(self) -> None:
+        slices, pending = self._slices, self._pending
+        while pending:
+            sl = slices.get(pending.popleft())
+            if sl is not None and sl.used >= 0:
+                sl.pool.release(sl)
+
+    # -- the slow paths -----------------------------------------------------------------
+
+    def _as_size(self, size: object) -> int:
+        if not isinstance(size, bool):
+            try:
+                return operator.index(size)  # type: ignore[arg-type]
+            except TypeError:
+                pass
+        raise InvalidArgument(f"a size must be an int number of bytes, got {size!r}")
+
+    def _reject(self, size: int) -> None:
+        if self.closed:
+            raise InvalidHandle("the memory manager is closed; open a new client")
+        if size < 0:
+            raise BufferTooBig(size, "the size is negative")
+        raise BufferTooBig(size, f"the largest allocation allowed is {self.max_allocation} bytes")
+
+    def _reserve_persistent(self, size: int) -> Slice:
+        persistent = self.persistent_pool
+        if self._persistent_depth or persistent.has_size(size):
+            return persistent.try_reserve(size) or self._grow(persistent, size)
+        pool = self._routes[bisect_left(self._limits, size)]
+        return pool.try_reserve(size) or self._grow(pool, size)
+
+    def _grow(self, pool: Pool, size: int) -> Slice:
+        if self._cache_ratio is not None:
+            self._trim(pool.page_size_for(size))
+        try:
+            return pool.alloc(self.storage, size)
+        except StorageOutOfMemory as first:
+            logger.info("storage out of memory for %d bytes; cleaning up and retrying", size)
+            self.cleanup(explicit=True)
+            try:
+                return pool.alloc(self.storage, size)
+            except StorageOutOfMemory as exc:
+                reserved = self.bytes_reserved
+                logger.warning("out of memory: %d bytes requested, %d reserved", size, reserved)
+                raise OutOfMemory(size, reserved, exc.detail or first.detail) from exc
+
+    def _trim(self, incoming: int) -> None:
+        """Release empty pages, largest first, until those kept hold at most
+        ``cache_ratio`` of the bytes of the other pages plus ``incoming``."""
+        empty = [
+            (page.handle.size, pool, page) for pool in self.pools for page in pool.empty_pages()
+        ]
+        empty_bytes = sum(e[0] for e in empty)
+        keep = (self.bytes_reserved - empty_bytes + incoming) * (self._cache_ratio or 0.0)
+        if empty_bytes <= keep:
+            return
+        empty.sort(key=lambda e: e[0], reverse=True)
+        for page_bytes, pool, page in empty:
+            pool.drop_empty_page(self.storage, page)
+            empty_bytes -= page_bytes
+            if empty_bytes <= keep:
+                return
+
+    def _periodic_cleanup(self, n: int) -> None:
+        """At least every 1024 calls: exclusive pages idle for their period are released,
+        and sliced pools coalesce if many releases are pending (bounding that list)."""
+        for pool in self.pools:
+            pool.tick(self.storage, n)
+        self._next_check = n + self._tick
+
+    # -- lookups ------------------------------------------------------------------------
+
+    def _slice(self, handle: SliceHandle) -> Slice:
+        if handle.queue is not self.queue:
+            raise InvalidHandle(
+                f"slice {handle.id} belongs to another client (owner "
+                f"{handle.queue.owner_id}, not {self.queue.owner_id})"
+            )
+        if self.closed:
+            raise InvalidHandle("the memory manager is closed; open a new client")
+        sl = self._slices.get(handle.id)
+        if sl is None or sl.used < 0:
+            raise InvalidHandle(f"slice {handle.id} is unknown or was freed")
+        return sl
+
+    def storage_handle(self, slice: SliceHandle) -> StorageHandle:
+        """The storage range (id, offset, requested size) of ``slice``.
+
+        Raises:
+            InvalidHandle: ``slice`` is foreign, unknown or freed, or the manager closed.
+        """
+        return self._slice(slice).storage_handle()
+
+    def resource(self, slice: SliceHandle, offset_start: int, size: int) -> R:
+        """The storage resource of ``size`` bytes at ``offset_start`` within ``slice``.
+
+        Raises:
+            InvalidHandle: As :meth:`storage_handle`, or the range leaves the slice.
+        """
+        handle = self._slice(slice).storage_handle()
+        if offset_start < 0 or size < 0 or offset_start + size > handle.size:
+            raise InvalidHandle(
+                f"range [{offset_start}, {offset_start + size}) is outside slice "
+                f"{slice.id} of {handle.size} bytes"
+            )
+        return self.storage.resource(handle.sub(offset_start, size))
+
+    def is_live(self, slice_id: int) -> bool:
+        """True if ``slice_id`` names a live slice of this manager."""
+        sl = self._slices.get(slice_id)
+        return sl is not None and sl.used >= 0
+
+    # -- accounting ---------------------------------------------------------------------
+
+    @property
+    def bytes_reserved(self) -> int:
+        """Bytes of all pages held (cheap: no queue drain, no scan)."""
+        return self.persistent_pool.reserved + sum(p.reserved for p in self.pools)
+
+    @property
+    def alloc_calls(self) -> int:
+        """``reserve`` calls so far (the clock of the exclusive pools' dealloc period)."""
+        return self._alloc_calls
+
+    def _all_pools(self) -> Iterator[Pool]:
+        yield from self.pools
+        yield self.persistent_pool
+
+    def memory_usage(self) -> MemoryUsage:
+        """Allocations, bytes in use (requested), padding and bytes reserved."""
+        self._drain()
+        total = MemoryUsage()
+        for pool in self._all_pools():
+            total = total.combine(pool.usage())
+        return total
+
+    def report(self) -> MemoryReport:
+        """The state of every pool."""
+        self._drain()
+        return MemoryReport(
+            tuple(p.report() for p in self.pools), self.persistent_pool.report(), self._alloc_calls
+        )
+
+    def cleanup(self, explicit: bool) -> None:
+        """Release unused pages: every empty page if ``explicit``, else by each pool's
+        policy (exclusive pages idle for their dealloc period)."""
+        self._drain()
+        if self.closed:
+            return
+        before = self.bytes_reserved
+        for pool in self._all_pools():
+            pool.cleanup(self.storage, self._alloc_calls, explicit)
+        if explicit:
+            logger.debug("memory cleanup released %d bytes", before - self.bytes_reserved)
+
+    # -- modes and lifetime -------------------------------------------------------------
+
+    def mode(self, mode: MemoryAllocationMode) -> None:
+        """Open (``PERSISTENT``) or close (``AUTO``) a persistent window.
+
+        Windows nest: the effective mode is persistent while any window is open, so an
+        inner window's ``AUTO`` does not end an outer one. An ``AUTO`` with no window
+        open does nothing.
+        """
+        if mode is MemoryAllocationMode.PERSISTENT:
+            self._persistent_depth += 1
+        elif self._persistent_depth:
+            self._persistent_depth -= 1
+        self._use_persistent = bool(self._persistent_depth) or self.config.persistent_size_match
+
+    @property
+    def current_mode(self) -> MemoryAllocationMode:
+        """``PERSISTENT`` while a persistent window is open, else ``AUTO``."""
+        if self._persistent_depth:
+            return MemoryAllocationMode.PERSISTENT
+        return MemoryAllocationMode.AUTO
+
+    @contextmanager
+    def persistent(self) -> Iterator[None]:
+        """A persistent window: allocations inside come from the persistent pool."""
+        self.mode(MemoryAllocationMode.PERSISTENT)
+        try:
+            yield
+        finally:
+            self.mode(MemoryAllocationMode.AUTO)
+
+    def close(self) -> None:
+        """Invalidate every handle and give all pages back to the storage."""
+        if self.closed:
+            return
+        self.closed = True
+        self._cap = -1
+        self.queue.closed = True
+        self._pending.clear()
+        for pool in self._all_pools():
+            pool.release_all(self.storage)
+
+
+def _build_pool(
+    options: PoolOptions, alignment: int, registry: dict[int, Slice], ids: Iterator[int]
+) -> Pool:
+    if isinstance(options, ExclusivePages):
+        return ExclusivePool(
+            options.max_alloc_size,
+            alignment,
+            options.dealloc_period,
+            options.size_classes,
+            options.max_waste,
+            registry,
+            ids,
+        )
+    return SlicedPool(options.page_size, options.max_slice_size, alignment, registry, ids)
+
+
+def _routing(pools: list[Pool]) -> tuple[list[int], list[Pool]]:
+    """Ascending limits and their pools: the first pool (in order) accepting a size is
+    the one at ``bisect_left(limits, size)``, as only a pool accepting more than every
+    pool before it can be first for some size."""
+    limits: list[int] = []
+    routes: list[Pool] = []
+    for pool in pools:
+        if not limits or pool.max_alloc_size > limits[-1]:
+            limits.append(pool.max_alloc_size)
+            routes.append(pool)
+    return limits, routes
+
+
+def _tick_period(pools: list[Pool]) -> int:
+    periods = [p.check_period for p in pools if isinstance(p, ExclusivePool) and p.check_period]
+    return min([*periods, _TICK])

@@ -1,0 +1,158 @@
+"""Compute storage: where memory pages come from (cubecl's ``ComputeStorage``).
+
+A storage hands out whole allocations ("pages") identified by a storage id and gives
+back a backend *resource* for any byte range of one: a writable numpy ``uint8`` view for
+the host storage, a device pointer (an ``int``) for the CUDA storage, which follows the
+``cuMemAlloc`` shape::
+
+    alloc(size)      -> StorageHandle(id, offset=0, size)    # may raise StorageOutOfMemory
+    dealloc(id)      -> None
+    resource(handle) -> R                                    # base + handle.offset, handle.size
+    alignment        -> int                                  # 512 on CUDA, 64 on the host
+
+Storages know nothing of slices, pools or streams: :class:`MemoryManagement` carves the
+pages into slices. A storage signals that it has no memory left by raising
+:class:`StorageOutOfMemory`; the manager turns that into ``errors.OutOfMemory`` after one
+cleanup and one retry (the one place where storage errors become library errors).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "BytesStorage",
+    "ComputeStorage",
+    "HostResource",
+    "StorageHandle",
+    "StorageOutOfMemory",
+]
+
+R_co = TypeVar("R_co", covariant=True)
+
+HostResource = npt.NDArray[np.uint8]
+"""The host storage's resource: a writable ``uint8`` view of a byte range."""
+
+
+class StorageOutOfMemory(Exception):
+    """Raised by ``ComputeStorage.alloc`` when the backend has no memory left.
+
+    Internal: the memory manager catches it, cleans up, retries once, and only then
+    raises the public ``errors.OutOfMemory``.
+
+    Attributes:
+        size: The size of the allocation that failed.
+    """
+
+    def __init__(self, size: int, detail: str = "") -> None:
+        self.size = size
+        self.detail = detail
+        super().__init__(
+            f"storage could not allocate {size} bytes" + (f": {detail}" if detail else "")
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StorageHandle:
+    """A byte range of one storage allocation: ``(id, offset, size)``."""
+
+    id: int
+    offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        """One past the last byte of the range, relative to the allocation."""
+        return self.offset + self.size
+
+    def sub(self, offset: int, size: int) -> StorageHandle:
+        """The range of ``size`` bytes starting ``offset`` bytes into this one."""
+        return StorageHandle(self.id, self.offset + offset, size)
+
+
+@runtime_checkable
+class ComputeStorage(Protocol[R_co]):
+    """Allocates pages and resolves byte ranges of them to backend resources.
+
+    Attributes:
+        alignment: Every page starts at a multiple of this many bytes, and slices are
+            carved at multiples of it (512 on CUDA, 64 on the host).
+        max_alloc: The largest single allocation the backend could ever serve (e.g.
+            the device's total memory), or ``None`` when unknown.
+    """
+
+    alignment: int
+    max_alloc: int | None
+
+    def alloc(self, size: int) -> StorageHandle:
+        """Allocate ``size`` bytes; raise :class:`StorageOutOfMemory` when out of memory."""
+        ...
+
+    def dealloc(self, storage_id: int) -> None:
+        """Free the allocation ``storage_id`` (unknown ids are ignored)."""
+        ...
+
+    def resource(self, handle: StorageHandle) -> R_co:
+        """The backend resource for the byte range ``handle``."""
+        ...
+
+    def storage_ids(self) -> Iterator[int]:
+        """The ids of the live allocations."""
+        ...
+
+
+class BytesStorage:
+    """Host storage: each page is a numpy ``uint8`` array, aligned to ``alignment``.
+
+    Args:
+        alignment: Page alignment in bytes (a power of two; 64 by default, a cache line).
+        limit: Optional cap on the total bytes allocated; past it ``alloc`` raises
+            :class:`StorageOutOfMemory` (useful to bound a host server and in tests).
+    """
+
+    def __init__(self, alignment: int = 64, limit: int | None = None) -> None:
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"alignment must be a power of two, got {alignment}")
+        self.alignment = alignment
+        self.max_alloc: int | None = limit
+        self.limit = limit
+        self.allocated = 0
+        self._pages: dict[int, HostResource] = {}
+        self._ids = itertools.count(1)
+
+    def __repr__(self) -> str:
+        return f"BytesStorage(pages={len(self._pages)}, allocated={self.allocated})"
+
+    def alloc(self, size: int) -> StorageHandle:
+        """Allocate an aligned page of ``size`` bytes (uninitialised, like ``empty``)."""
+        if self.limit is not None and self.allocated + size > self.limit:
+            raise StorageOutOfMemory(size, f"host storage limit of {self.limit} bytes")
+        try:
+            raw = np.empty(size + self.alignment, dtype=np.uint8)
+        except (MemoryError, ValueError) as exc:
+            raise StorageOutOfMemory(size, str(exc)) from exc
+        skip = -raw.ctypes.data % self.alignment
+        sid = next(self._ids)
+        self._pages[sid] = raw[skip : skip + size]
+        self.allocated += size
+        return StorageHandle(sid, 0, size)
+
+    def dealloc(self, storage_id: int) -> None:
+        """Drop page ``storage_id`` (numpy frees it once no view of it is left)."""
+        page = self._pages.pop(storage_id, None)
+        if page is not None:
+            self.allocated -= page.size
+
+    def resource(self, handle: StorageHandle) -> HostResource:
+        """A writable ``uint8`` view of ``handle``'s bytes."""
+        return self._pages[handle.id][handle.offset : handle.offset + handle.size]
+
+    def storage_ids(self) -> Iterator[int]:
+        """Ids of the live pages."""
+        return iter(list(self._pages))
