@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -66,9 +66,10 @@ def _devices() -> list[str]:
 
 
 @pytest.fixture(params=_devices())
-def device(request: pytest.FixtureRequest) -> Iterator[str]:
+def device(request: pytest.FixtureRequest) -> str:
     """Each device the suite can run on: the host, and cuda:0 where a GPU is usable."""
-    yield request.param
+    param: str = request.param
+    return param
 
 
 @pytest_asyncio.fixture

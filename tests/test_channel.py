@@ -76,10 +76,10 @@ async def test_cancelled_read_leaves_client_usable_and_leaks_nothing(
         ac.Bindings().with_buffer(slow).with_scalar(np.float32, [0.05]).with_scalar(np.uint8, [7]),
     )
 
-    async def reader() -> list[bytes]:
-        return await host_client.read([slow])
+    async def reader(handle: ac.Handle) -> list[bytes]:
+        return await host_client.read([handle])
 
-    task = asyncio.create_task(reader())
+    task = asyncio.create_task(reader(slow))
     await asyncio.sleep(0.005)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

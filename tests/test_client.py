@@ -46,9 +46,10 @@ async def test_execute_with_float_scalar(client: ac.ComputeClient) -> None:
     x = np.arange(10, dtype=np.float32)
     h = client.create(x)
     bindings = (
-        ac.Bindings().with_buffer(h.binding()).with_scalar(np.float32, [2.5]).with_scalar(
-            np.uint32, [10]
-        )
+        ac.Bindings()
+        .with_buffer(h.binding())
+        .with_scalar(np.float32, [2.5])
+        .with_scalar(np.uint32, [10])
     )
     client.execute(SCALE, blocks(10), bindings)
     np.testing.assert_array_equal(await client.read_array(h, np.float32), x * 2.5)

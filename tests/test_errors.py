@@ -7,7 +7,7 @@ import pytest
 
 import asynccube as ac
 
-from .kernels import ADD, NOOP, add_bindings, blocks
+from .kernels import ADD, NOOP, blocks
 
 pytestmark = pytest.mark.asyncio
 
@@ -80,7 +80,7 @@ async def test_non_int_size(host_client: ac.ComputeClient) -> None:
 async def test_kernel_without_host_part(host_client: ac.ComputeClient) -> None:
     cuda_only = ac.Kernel("cuda_only", cuda=ac.CudaSource("", entry="k"))
     host_client.execute(cuda_only, ac.CubeCount(1), ac.Bindings())
-    with pytest.raises(ac.KernelNotSupported, match="cuda_only.*host"):
+    with pytest.raises(ac.KernelNotSupported, match=r"cuda_only.*host"):
         await host_client.sync()
     await _still_serves(host_client)
 

@@ -56,6 +56,7 @@ class ComputeClient:
         )
         self._profile_ids = itertools.count(1)
         self._profiles: dict[int, ProfilingToken] = {}
+        self._closing: asyncio.Future[Any] | None = None
 
     def __repr__(self) -> str:
         return f"ComputeClient(device={self.device!r}, state={self._channel.state.value})"
@@ -118,9 +119,7 @@ class ComputeClient:
         _same_length(data=data, shapes=shapes, elem_sizes=elem_sizes)
         out = self._new_tensors(shapes, elem_sizes, kind)
         items = []
-        for (handle, strides), raw, shape, elem in zip(
-            out, data, shapes, elem_sizes, strict=True
-        ):
+        for (handle, strides), raw, shape, elem in zip(out, data, shapes, elem_sizes, strict=True):
             items.append((handle.copy_descriptor(shape, strides, elem), as_bytes(raw)))
         self.write(items)
         return out
@@ -317,7 +316,7 @@ class ComputeClient:
     ) -> Tensor:
         """A new uninitialized tensor of ``shape`` and ``dtype``."""
         dt = np.dtype(dtype)
-        (handle, strides), = self.empty_tensors([tuple(shape)], [dt.itemsize], kind)
+        ((handle, strides),) = self.empty_tensors([tuple(shape)], [dt.itemsize], kind)
         return Tensor(handle, tuple(shape), strides, dt)
 
     async def read_array(
@@ -343,20 +342,13 @@ class ComputeClient:
         """Finish queued work, release the server, and refuse every later call.
 
         Raises the first fire-and-forget error nobody awaited (others attached as
-        notes), after closing.
+        notes), after closing. Closing again is a no-op.
         """
         channel = self._channel
         if channel.state is State.OPEN:
-            closing = channel.begin_close()
-        elif channel.state is State.DEAD:
-            await channel.wait_actor()
-            return
-        else:
-            closing = getattr(self, "_closing", None)  # type: ignore[assignment]
-            if closing is None:
-                return
-        self._closing = closing
-        await asyncio.shield(closing)
+            self._closing = channel.begin_close()
+        if self._closing is not None and not self._closing.done():
+            await asyncio.shield(self._closing)
         await channel.wait_actor()
 
     async def __aenter__(self) -> ComputeClient:
@@ -421,5 +413,3 @@ def _bad_execute(kernel: object, count: object, bindings: object, mode: object) 
     ):
         if not isinstance(value, cls):
             raise InvalidArgument(f"execute: {name} must be a {cls.__name__}, got {value!r}")
-
-

@@ -16,6 +16,7 @@ No Python ever runs inside a driver callback thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ Sink = Callable[[Completion[Any]], None]
 
 
 class _Notifying(Protocol):
-    def add_done_callback(self, fn: Callable[[], None]) -> None: ...
+    def add_done_callback(self, fn: Callable[[], object]) -> None: ...
 
 
 class CompletionWatcher:
@@ -56,7 +57,7 @@ class CompletionWatcher:
         elif hasattr(completion, "add_done_callback"):
             notify: _Notifying = completion  # type: ignore[assignment]
             call = self._loop.call_soon_threadsafe
-            notify.add_done_callback(lambda: call(sink, completion))
+            notify.add_done_callback(functools.partial(call, sink, completion))
         else:
             self._polling.append((completion, sink, time.perf_counter() + self._spin))
             if self._poller is None:

@@ -138,9 +138,9 @@ class ComputeServer(Protocol):
         """Reserve a minted contiguous handle and copy ``data`` into it."""
         ...
 
-    def read(self, descriptors: Sequence[CopyDescriptor], stream: StreamId) -> Completion[
-        list[bytes]
-    ]:
+    def read(
+        self, descriptors: Sequence[CopyDescriptor], stream: StreamId
+    ) -> Completion[list[bytes]]:
         """Copy each (possibly strided) tensor out, densely packed, as bytes."""
         ...
 

@@ -344,13 +344,20 @@ def _scalar_array(dt: np.dtype[np.generic], values: npt.ArrayLike) -> npt.NDArra
 
 
 def _checked_scalar(dt: np.dtype[np.generic], value: object) -> object:
+    if isinstance(value, np.generic):
+        if value.dtype != dt:
+            raise ScalarTypeError(
+                f"scalar {value!r} is a {value.dtype}, not a {dt}; convert it or declare "
+                f"{value.dtype}"
+            )
+        return value
     kind = dt.kind
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ScalarTypeError(f"scalar {value!r} is not a number for dtype {dt}")
     if kind in "iu":
         if not isinstance(value, int) and not float(value).is_integer():
             raise ScalarTypeError(f"scalar {value!r} is not an integer for dtype {dt}")
-        info = np.iinfo(dt)
+        info = np.iinfo(dt.str)
         if not info.min <= int(value) <= info.max:
             raise ScalarTypeError(f"scalar {value!r} does not fit in {dt}")
         return int(value)
@@ -625,4 +632,3 @@ def _sole_refs() -> int:
 
 
 _SOLE_REFS: Final = _sole_refs()
-

@@ -8,6 +8,7 @@ slice is never reused while a queued task may still touch it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -19,12 +20,12 @@ import numpy.typing as npt
 
 from ..errors import InvalidArgument, InvalidHandle, ProfileError
 from ..kernel import HostLaunch, Kernel
+from ..logging import ServerLogger
 from ..memory import MemoryConfig, MemoryManagement
 from ..memory.slice import SliceHandle
 from ..memory.storage import BytesStorage
 from ..memory.table import SliceTable
 from ..server import BindingResource, BytesLike, DeviceProperties
-from ..logging import ServerLogger
 from ..stream.multi import MultiStream
 from ..stream_id import StreamId
 from ..types import (
@@ -78,7 +79,7 @@ class HostServer:
         self._profiles: dict[int, HostCompletion[int]] = {}
         self._tokens = itertools.count(1)
         self._properties = DeviceProperties(
-            name="host (numpy)",
+            name="numpy host server",
             kind="host",
             alignment=_ROW_ALIGN,
             max_allocation=self._memory.max_allocation,
@@ -218,14 +219,13 @@ class HostServer:
         if count.binding is not None:
             used.append(count.binding)
         resolved = self._streams.resolve(stream, used)
+        static = (count.x, count.y, count.z)
 
         def run() -> None:
-            dims = _read_count(count_view) if count_view is not None else (
-                count.x,
-                count.y,
-                count.z,
-            )
+            # ``used`` keeps every binding (so every slice) alive until the kernel has run.
+            dims = _read_count(count_view) if count_view is not None else static
             fn(HostLaunch(views, launch[0], launch[1], dims, maps))
+            used.clear()
 
         resolved.stream.submit(run)
 
@@ -333,7 +333,7 @@ class HostServer:
         done: HostCompletion[None] = HostCompletion()
         state = _CloseState(len(workers))
         for worker in workers:
-            worker.stop(lambda w=worker: self._worker_exited(w, state, done))
+            worker.stop(functools.partial(self._worker_exited, worker, state, done))
         if not workers:
             self._finish_close(state, done)
         return done

@@ -31,7 +31,7 @@ class HostCompletion(Generic[T]):
     def __init__(self) -> None:
         self._event = threading.Event()
         self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[Callable[[], object]] = []
         self._value: T | None = None
         self._error: BaseException | None = None
 
@@ -49,7 +49,7 @@ class HostCompletion(Generic[T]):
         """Block until done (helper threads only)."""
         return self._event.wait(timeout)
 
-    def add_done_callback(self, fn: Callable[[], None]) -> None:
+    def add_done_callback(self, fn: Callable[[], object]) -> None:
         """Call ``fn()`` once done: now if already done, else on the finishing thread."""
         with self._lock:
             if not self._event.is_set():

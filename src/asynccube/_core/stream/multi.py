@@ -192,9 +192,7 @@ class MultiStream(Generic[St, Ev]):
         for origin, cursor, event in events:
             current.last_synced[origin] = cursor
             if self.logger.streaming:
-                self.logger.log_streaming(
-                    LogLevel.BASIC, lambda o=origin: f"Waiting on {o} from {stream_id}"
-                )
+                self.logger.log_streaming(LogLevel.BASIC, f"Waiting on {origin} from {stream_id}")
             self.backend.wait_event(current.stream, event)
 
     def gc_stream(self) -> St:
