@@ -220,6 +220,7 @@ async def test_pinned_stream_carries_handles(host_client: ac.ComputeClient) -> N
 
 
 async def test_lag_probe_detects_a_blocked_loop() -> None:
+    import threading
     import time
 
     from .lagprobe import LoopLagProbe
@@ -230,10 +231,15 @@ async def test_lag_probe_detects_a_blocked_loop() -> None:
     time.sleep(0.001)  # noqa: ASYNC251 - below the limit: tolerated
     await asyncio.sleep(0)
     assert 0.001 <= await probe.stop() < 0.005
-    probe = LoopLagProbe()
-    probe.start()
-    await asyncio.sleep(0)
-    time.sleep(0.012)  # noqa: ASYNC251 - the point of the test
-    await asyncio.sleep(0)
-    assert await probe.stop() > 0.005
-    assert "test_lag_probe_detects_a_blocked_loop" in probe.culprit
+    for block in (
+        lambda: time.sleep(0.012),
+        lambda: threading.Event().wait(0.012),
+        lambda: sum(range(3_000_000)),  # CPU-bound blocking
+    ):
+        probe = LoopLagProbe()
+        probe.start()
+        await asyncio.sleep(0)
+        block()
+        await asyncio.sleep(0)
+        assert await probe.stop() > 0.005
+        assert "test_lag_probe_detects_a_blocked_loop" in probe.culprit

@@ -7,6 +7,7 @@ for one. Workers never run on the event-loop thread.
 
 from __future__ import annotations
 
+import _thread
 import itertools
 import queue
 import threading
@@ -84,7 +85,7 @@ class HostStream:
     until an awaited operation on this stream takes it.
     """
 
-    __slots__ = ("_batch", "_dirty", "_errors", "_queue", "_thread", "name")
+    __slots__ = ("_batch", "_dirty", "_errors", "_queue", "name")
 
     def __init__(self, dirty: set[HostStream]) -> None:
         self.name = f"asynccube-host-{next(_names)}"
@@ -92,8 +93,9 @@ class HostStream:
         self._batch: list[Task] = []
         self._dirty = dirty
         self._errors: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        # Not threading.Thread.start(): it waits until the new thread runs, which can take
+        # milliseconds on a loaded machine, and this is called on the event loop.
+        _thread.start_new_thread(self._run, ())
 
     def __repr__(self) -> str:
         return f"HostStream({self.name})"

@@ -18,10 +18,12 @@ cleanup and one retry (the one place where storage errors become library errors)
 
 from __future__ import annotations
 
+import _thread
 import itertools
+import queue
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Final, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -107,6 +109,36 @@ class ComputeStorage(Protocol[R_co]):
         ...
 
 
+_FREE_OFF_LOOP: Final = 1 << 20
+"""Pages at least this large are freed on a background thread."""
+
+
+class _Reaper:
+    """A daemon thread that drops what it is given (so the memory is freed there)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[list[object]] = queue.SimpleQueue()
+        _thread.start_new_thread(self._run, ())
+
+    def put(self, box: list[object]) -> None:
+        """Hand over a list holding the only references to what must be dropped."""
+        self._queue.put(box)
+
+    def _run(self) -> None:
+        get = self._queue.get
+        while True:
+            get().clear()
+
+
+_REAPER: list[_Reaper] = []
+
+
+def _reaper() -> _Reaper:
+    if not _REAPER:
+        _REAPER.append(_Reaper())
+    return _REAPER[0]
+
+
 class BytesStorage:
     """Host storage: each page is a numpy ``uint8`` array, aligned to ``alignment``.
 
@@ -144,10 +176,18 @@ class BytesStorage:
         return StorageHandle(sid, 0, size)
 
     def dealloc(self, storage_id: int) -> None:
-        """Drop page ``storage_id`` (numpy frees it once no view of it is left)."""
-        page = self._pages.pop(storage_id, None)
-        if page is not None:
-            self.allocated -= page.size
+        """Drop page ``storage_id``.
+
+        Freeing a large page returns it to the OS, which takes milliseconds; the page
+        goes to a background thread for that, since this runs on the event loop.
+        """
+        if storage_id not in self._pages:
+            return
+        box = [self._pages.pop(storage_id)]  # the box holds the only reference
+        size = box[0].size
+        self.allocated -= size
+        if size >= _FREE_OFF_LOOP:
+            _reaper().put(box)
 
     def resource(self, handle: StorageHandle) -> HostResource:
         """A writable ``uint8`` view of ``handle``'s bytes."""
