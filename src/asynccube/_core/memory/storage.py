@@ -183,11 +183,17 @@ class BytesStorage:
         """
         if storage_id not in self._pages:
             return
-        box = [self._pages.pop(storage_id)]  # the box holds the only reference
-        size = box[0].size
+        box: list[object] = [self._pages.pop(storage_id)]  # the only reference
+        size = self._page_size(box)
         self.allocated -= size
         if size >= _FREE_OFF_LOOP:
             _reaper().put(box)
+
+    @staticmethod
+    def _page_size(box: list[object]) -> int:
+        page = box[0]
+        assert isinstance(page, np.ndarray)
+        return int(page.size)
 
     def resource(self, handle: StorageHandle) -> HostResource:
         """A writable ``uint8`` view of ``handle``'s bytes."""
