@@ -139,14 +139,16 @@ class MultiStream(Generic[St, Ev]):
         """
         bindings = list(bindings)
         analysis = self.update_shared_bindings(stream_id, bindings)
-        self.apply_analysis(stream_id, analysis)
+        if analysis.slices:
+            self.apply_analysis(stream_id, analysis)
         current = self.streams.get(stream_id)
-        current.cursor += 1
-        stamp = (stream_id, current.cursor)
-        last_use = self.last_use
-        for binding in bindings:
-            last_use[binding.memory.id] = stamp
-        return ResolvedStreams(current.cursor, stream_id, current.stream, analysis)
+        cursor = current.cursor = current.cursor + 1
+        if bindings:
+            stamp = (stream_id, cursor)
+            last_use = self.last_use
+            for binding in bindings:
+                last_use[binding.memory.id] = stamp
+        return ResolvedStreams(cursor, stream_id, current.stream, analysis)
 
     def origin(self, binding: Binding) -> tuple[StreamId, int]:
         """Where the data of ``binding`` comes from: the last use of its slice."""
@@ -157,14 +159,19 @@ class MultiStream(Generic[St, Ev]):
     ) -> SharedBindingAnalysis:
         """Find bindings whose origin stream is not yet synced with ``stream_id``."""
         analysis = SharedBindingAnalysis()
-        current = self.streams.get(stream_id)
-        own_index = self.stream_index(stream_id)
+        max_streams = self.max_streams
+        own_index = stream_id.value % max_streams
+        last_use = self.last_use.get
+        last_synced: dict[int, int] | None = None
         for binding in bindings:
-            origin, cursor = self.origin(binding)
-            index = self.stream_index(origin)
-            if origin == stream_id or index == own_index:
+            # Inlined origin(): this loop is on every launch's path.
+            origin, cursor = last_use(binding.memory.id) or (binding.stream, binding.cursor)
+            index = origin.value % max_streams
+            if index == own_index:  # the same stream, or one sharing its slot
                 continue
-            last = current.last_synced.get(index)
+            if last_synced is None:
+                last_synced = self.streams.get_index(own_index).last_synced
+            last = last_synced.get(index)
             if last is None or last < cursor:
                 self._log_shared(binding, origin, stream_id, last, cursor)
                 analysis.shared(binding.memory.id, index)
