@@ -8,8 +8,8 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import pytest
 import numpy.testing  # noqa: F401 - imported lazily otherwise, inside a test step
+import pytest
 import pytest_asyncio
 
 import asynccube as ac

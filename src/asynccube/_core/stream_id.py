@@ -20,16 +20,11 @@ _owned: ContextVar[tuple[weakref.ReferenceType[object] | int, StreamId] | None] 
 _pinned: ContextVar[StreamId | None] = ContextVar("asynccube_stream_pinned", default=None)
 
 
-def _owner() -> weakref.ReferenceType[object] | int:
-    task = asyncio.current_task() if asyncio._get_running_loop() is not None else None
-    return weakref.ref(task) if task is not None else threading.get_ident()
-
-
-def _same_owner(stored: weakref.ReferenceType[object] | int) -> bool:
-    if isinstance(stored, int):
-        return asyncio._get_running_loop() is None and stored == threading.get_ident()
-    task = asyncio.current_task() if asyncio._get_running_loop() is not None else None
-    return task is not None and stored() is task
+def _running_task() -> asyncio.Task[object] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop in this thread
+        return None
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -53,10 +48,16 @@ class StreamId:
         if pinned is not None:
             return pinned
         owned = _owned.get()
-        if owned is not None and _same_owner(owned[0]):
-            return owned[1]
+        task = _running_task()
+        if owned is not None:
+            owner = owned[0]
+            if task is not None:
+                if not isinstance(owner, int) and owner() is task:
+                    return owned[1]
+            elif owner == threading.get_ident():
+                return owned[1]
         sid = StreamId(next(_counter))
-        _owned.set((_owner(), sid))
+        _owned.set((weakref.ref(task) if task is not None else threading.get_ident(), sid))
         return sid
 
     @staticmethod

@@ -313,7 +313,7 @@ class ScalarBinding:
         data: The scalars' bytes, zero-padded to a multiple of 8.
     """
 
-    __slots__ = ("data", "length", "ty")
+    __slots__ = ("_values", "data", "length", "ty")
 
     def __init__(self, ty: npt.DTypeLike, values: npt.ArrayLike) -> None:
         dt = scalar_dtype(ty)
@@ -322,13 +322,14 @@ class ScalarBinding:
         self.length = int(arr.size)
         raw = arr.tobytes()
         self.data = raw + b"\0" * (-len(raw) % 8)
+        self._values = np.frombuffer(self.data, dtype=dt, count=self.length)
 
     def __repr__(self) -> str:
         return f"ScalarBinding({self.ty}, {self.values().tolist()})"
 
     def values(self) -> npt.NDArray[np.generic]:
         """The scalars as a numpy array of ``ty`` (a read-only view of ``data``)."""
-        return np.frombuffer(self.data, dtype=self.ty, count=self.length)
+        return self._values
 
 
 def _scalar_array(dt: np.dtype[np.generic], values: npt.ArrayLike) -> npt.NDArray[np.generic]:

@@ -47,6 +47,9 @@ from .worker import HostBackend, HostCompletion, HostStream
 
 __all__ = ["HostServer"]
 
+_Bound = tuple[SliceHandle, "npt.NDArray[np.uint8]"]
+"""What a client handle is bound to: its memory slice and a view of the slice's bytes."""
+
 T = TypeVar("T")
 View = npt.NDArray[np.uint8]
 _ROW_ALIGN = 64
@@ -68,7 +71,7 @@ class HostServer:
         memory: MemoryConfig | None = None,
         logger: ServerLogger | None = None,
     ) -> None:
-        self._table: SliceTable[SliceHandle] = SliceTable()
+        self._table: SliceTable[_Bound] = SliceTable()
         self._memory: MemoryManagement[View] = MemoryManagement(
             BytesStorage(), memory, owner_id=self._table.queue.owner_id
         )
@@ -116,7 +119,9 @@ class HostServer:
     def _reserve(self, handle: Handle, stream: StreamId, cursor: int) -> None:
         handle_id = handle.memory.id
         try:
-            self._table.bind(handle_id, self._memory.reserve(handle.buffer_size))
+            memory = self._memory.reserve(handle.buffer_size)
+            view = self._memory.resource(memory, 0, handle.buffer_size)
+            self._table.bind(handle_id, (memory, view))
         except BaseException as exc:
             self._table.fail(handle_id, exc)
             raise
@@ -126,7 +131,7 @@ class HostServer:
     def _release_dropped(self) -> None:
         self._table.drain(self._forget)
 
-    def _forget(self, handle_id: int, memory: SliceHandle) -> None:
+    def _forget(self, handle_id: int, memory: _Bound) -> None:
         self._streams.last_use.pop(handle_id, None)
 
     def staging(self, sizes: Sequence[int], stream: StreamId) -> list[memoryview]:
@@ -177,11 +182,15 @@ class HostServer:
         )
 
     def _view(self, binding: Binding) -> View:
-        memory = self._table.get(binding)
-        start = binding.offset_start or 0
-        if binding.size < 0 or start + binding.size > binding.buffer_size:
+        view = self._table.get(binding)[1]
+        start, end = binding.offset_start, binding.offset_end
+        if start is None and end is None:
+            return view
+        first = start or 0
+        size = binding.buffer_size - first - (end or 0)
+        if size < 0:
             raise InvalidHandle(f"offsets of {binding!r} fall outside its buffer")
-        return self._memory.resource(memory, start, binding.size)
+        return view[first : first + size]
 
     def _complete_on(self, stream: HostStream, fn: Callable[[], T]) -> HostCompletion[T]:
         done: HostCompletion[T] = HostCompletion()
@@ -211,33 +220,39 @@ class HostServer:
     ) -> None:
         """Queue ``kernel``'s host function on the stream's worker."""
         fn = kernel.host_part("host")
-        views = [self._view(b) for b in bindings.buffers]
-        maps = [(t, self._view(t.binding)) for t in bindings.tensor_maps]
-        count_view = self._count_view(count, mode)
-        launch = _launch_args(bindings)
-        used = bindings.all_bindings()
+        view = self._view
+        used = list(bindings.buffers)
+        views = [view(b) for b in used] if used else []
+        maps = []
+        if bindings.tensor_maps:
+            maps = [(t, view(t.binding)) for t in bindings.tensor_maps]
+            used += [t.binding for t in bindings.tensor_maps]
+        count_view = None
         if count.binding is not None:
+            count_view = self._count_view(count.binding)
             used.append(count.binding)
-        resolved = self._streams.resolve(stream, used)
+        scalars = (
+            {dt: sb.values() for dt, sb in bindings.scalars.items()} if bindings.scalars else {}
+        )
+        metadata = bindings.metadata.data
+        target = self._streams.resolve(stream, used).stream
         static = (count.x, count.y, count.z)
 
         def run() -> None:
             # ``used`` keeps every binding (so every slice) alive until the kernel has run.
             dims = _read_count(count_view) if count_view is not None else static
-            fn(HostLaunch(views, launch[0], launch[1], dims, maps))
+            fn(HostLaunch(views, scalars, metadata, dims, maps))
             used.clear()
 
-        resolved.stream.submit(run)
+        target.submit(run)
 
-    def _count_view(self, count: CubeCount, mode: ExecutionMode) -> View | None:
-        if count.binding is None:
-            return None
-        if count.binding.size < 12:
+    def _count_view(self, binding: Binding) -> View:
+        if binding.size < 12:
             raise InvalidArgument(
-                f"a dynamic CubeCount needs 12 bytes (uint32 x, y, z); {count.binding!r} has "
-                f"{count.binding.size}"
+                f"a dynamic CubeCount needs 12 bytes (uint32 x, y, z); {binding!r} has "
+                f"{binding.size}"
             )
-        return self._view(count.binding)
+        return self._view(binding)
 
     def flush(self, stream: StreamId) -> None:
         """Hand the stream's buffered tasks to its worker."""
@@ -370,13 +385,6 @@ class _CloseState:
                 self.errors.append(error)
             self.remaining -= 1
             return self.remaining == 0
-
-
-def _launch_args(
-    bindings: Bindings,
-) -> tuple[dict[np.dtype[np.generic], npt.NDArray[np.generic]], npt.NDArray[np.uint32]]:
-    scalars = {dt: sb.values() for dt, sb in bindings.scalars.items()}
-    return scalars, bindings.metadata.data
 
 
 def _read_count(view: View) -> tuple[int, int, int]:

@@ -91,22 +91,30 @@ class _Factory(Generic[St, Ev]):
         return StreamWrapper(self.backend.create_stream())
 
 
-@dataclass(slots=True)
 class ResolvedStreams(Generic[St]):
-    """The outcome of :meth:`MultiStream.resolve`.
+    """The outcome of :meth:`MultiStream.resolve` (built on every launch: kept light).
 
     Attributes:
         cursor: The cursor of this operation on the current stream (new allocations
             made by it become available at this cursor).
         current: The id of the stream the operation runs on.
         stream: The backend stream to enqueue the operation on.
-        analysis: The shared bindings found.
+        analysis: The shared bindings found (None when nothing was shared).
     """
 
-    cursor: int
-    current: StreamId
-    stream: St
-    analysis: SharedBindingAnalysis
+    __slots__ = ("analysis", "current", "cursor", "stream")
+
+    def __init__(
+        self,
+        cursor: int,
+        current: StreamId,
+        stream: St,
+        analysis: SharedBindingAnalysis | None,
+    ) -> None:
+        self.cursor = cursor
+        self.current = current
+        self.stream = stream
+        self.analysis = analysis
 
 
 class MultiStream(Generic[St, Ev]):
@@ -137,9 +145,10 @@ class MultiStream(Generic[St, Ev]):
         Every binding's slice is then stamped as last used by this stream at the new
         cursor.
         """
-        bindings = list(bindings)
-        analysis = self.update_shared_bindings(stream_id, bindings)
-        if analysis.slices:
+        if not isinstance(bindings, list):
+            bindings = list(bindings)
+        analysis = self._shared(stream_id, bindings) if bindings else None
+        if analysis is not None:
             self.apply_analysis(stream_id, analysis)
         current = self.streams.get(stream_id)
         cursor = current.cursor = current.cursor + 1
@@ -158,7 +167,12 @@ class MultiStream(Generic[St, Ev]):
         self, stream_id: StreamId, bindings: Iterable[Binding]
     ) -> SharedBindingAnalysis:
         """Find bindings whose origin stream is not yet synced with ``stream_id``."""
-        analysis = SharedBindingAnalysis()
+        return self._shared(stream_id, bindings) or SharedBindingAnalysis()
+
+    def _shared(
+        self, stream_id: StreamId, bindings: Iterable[Binding]
+    ) -> SharedBindingAnalysis | None:
+        analysis: SharedBindingAnalysis | None = None
         max_streams = self.max_streams
         own_index = stream_id.value % max_streams
         last_use = self.last_use.get
@@ -174,6 +188,8 @@ class MultiStream(Generic[St, Ev]):
             last = last_synced.get(index)
             if last is None or last < cursor:
                 self._log_shared(binding, origin, stream_id, last, cursor)
+                if analysis is None:
+                    analysis = SharedBindingAnalysis()
                 analysis.shared(binding.memory.id, index)
         return analysis
 
