@@ -14,9 +14,12 @@ import numpy.typing as npt
 from .channel import Channel, State
 from .errors import BufferTooBig, InvalidArgument, ProfileError
 from .kernel import Kernel
+from .memory.management import MemoryReport
+from .profiling import ProfileSummary
 from .server import BindingResource, BytesLike, ComputeServer, DeviceProperties
 from .stream_id import StreamId
 from .tensor import Tensor, as_bytes
+from .timeline import Timeline
 from .types import (
     AllocationDescriptor,
     AllocationKind,
@@ -57,6 +60,8 @@ class ComputeClient:
         self._profile_ids = itertools.count(1)
         self._profiles: dict[int, ProfilingToken] = {}
         self._closing: asyncio.Future[Any] | None = None
+        self.profile_summary = ProfileSummary()
+        """Named profiles (``client.profile(name)``) aggregated: count, total, mean..."""
 
     def __repr__(self) -> str:
         return f"ComputeClient(device={self.device!r}, state={self._channel.state.value})"
@@ -289,15 +294,41 @@ class ComputeClient:
         return self._server.end_profile(stream, server_token)
 
     @asynccontextmanager
-    async def profile(self) -> AsyncIterator[list[ProfileDuration]]:
-        """``async with client.profile() as out:`` profiles the block; ``out[0]`` is the
-        duration once the block has exited."""
+    async def profile(self, name: str | None = None) -> AsyncIterator[list[ProfileDuration]]:
+        """``async with client.profile("step") as out:`` profiles the block.
+
+        ``out[0]`` is the duration once the block has exited; a named profile is also
+        added to :attr:`profile_summary`.
+        """
         token = self.start_profile()
         out: list[ProfileDuration] = []
         try:
             yield out
         finally:
-            out.append(await self.end_profile(token))
+            duration = await self.end_profile(token)
+            out.append(duration)
+            if name is not None:
+                self.profile_summary.add(name, duration)
+
+    async def timeline(self) -> Timeline:
+        """The kernels and copies recorded so far, per stream, once queued work is done.
+
+        Records are kept at profiling level ``medium`` or ``full`` (config
+        ``[profiling] level`` or ``ASYNCCUBE_PROFILING_LEVEL``). ``timeline.save(path)``
+        writes a Chrome trace / Perfetto JSON file; in Jupyter it renders as a plot.
+        """
+        await self.sync()
+        channel = self._channel
+        records = await channel.request(
+            channel.call, StreamId.current(), self._server.kernel_records
+        )
+        return Timeline(records, device=self.device)
+
+    def memory_report(self) -> asyncio.Future[MemoryReport]:
+        """Usage, pages and peaks of each memory pool (awaitable; an HTML table in Jupyter)."""
+        self._channel.check()
+        channel = self._channel
+        return channel.request(channel.call, StreamId.current(), self._server.memory_report)
 
     # -- numpy helpers ------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from .kernel import Kernel
+from .memory.management import MemoryReport
+from .profiling import KernelRecord
 from .stream_id import StreamId
 from .types import (
     AllocationDescriptor,
@@ -181,6 +183,14 @@ class ComputeServer(Protocol):
 
     def memory_usage(self, stream: StreamId) -> MemoryUsage:
         """Current memory usage."""
+        ...
+
+    def memory_report(self, stream: StreamId) -> MemoryReport:
+        """Usage, pages and peaks of each memory pool."""
+        ...
+
+    def kernel_records(self, stream: StreamId) -> list[KernelRecord]:
+        """Kernels, copies and waits recorded so far (profiling level medium or full)."""
         ...
 
     def memory_cleanup(self, stream: StreamId) -> None:

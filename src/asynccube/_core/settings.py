@@ -10,6 +10,7 @@ from typing import Any
 from .config import AsyncCubeConfig, PoolPreset, load_config
 from .logging import ServerLogger
 from .memory import MemoryConfig as PoolLayout
+from .profiling import KernelRecorder
 
 __all__ = ["Settings", "host_workers", "load_settings"]
 
@@ -36,6 +37,7 @@ class Settings:
             "max_streams": min(self.config.streaming.max_streams, host_workers()),
             "memory": self.pool_layout(),
             "logger": self.logger(),
+            "recorder": KernelRecorder.from_config(self.config.profiling),
         }
 
 

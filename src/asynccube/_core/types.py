@@ -610,6 +610,11 @@ class MemoryUsage:
             self.bytes_reserved + other.bytes_reserved,
         )
 
+    def _repr_html_(self) -> str:
+        from .display import memory_usage_html
+
+        return memory_usage_html(self)
+
     def __str__(self) -> str:
         return (
             f"{self.number_allocs} allocations, {_fmt_bytes(self.bytes_in_use)} in use, "

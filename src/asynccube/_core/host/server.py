@@ -21,10 +21,11 @@ import numpy.typing as npt
 from ..errors import InvalidArgument, InvalidHandle, ProfileError
 from ..kernel import HostLaunch, Kernel
 from ..logging import ServerLogger
-from ..memory import MemoryConfig, MemoryManagement
+from ..memory import MemoryConfig, MemoryManagement, MemoryReport
 from ..memory.slice import SliceHandle
 from ..memory.storage import BytesStorage
 from ..memory.table import SliceTable
+from ..profiling import KernelRecord, KernelRecorder, RecordKind
 from ..server import BindingResource, BytesLike, DeviceProperties
 from ..stream.multi import MultiStream
 from ..stream_id import StreamId
@@ -62,6 +63,7 @@ class HostServer:
         max_streams: Worker threads at most (stream index = id mod max_streams).
         memory: Memory pool configuration (default preset if None).
         logger: Per-area logging (streaming, memory).
+        recorder: Keeps a record of each kernel and copy (profiling level medium/full).
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class HostServer:
         max_streams: int = 8,
         memory: MemoryConfig | None = None,
         logger: ServerLogger | None = None,
+        recorder: KernelRecorder | None = None,
     ) -> None:
         self._table: SliceTable[_Bound] = SliceTable()
         self._memory: MemoryManagement[View] = MemoryManagement(
@@ -77,9 +80,10 @@ class HostServer:
         )
         self._backend = HostBackend()
         self._streams: MultiStream[HostStream, threading.Event] = MultiStream(
-            self._backend, max_streams, logger or ServerLogger()
+            self._backend, max_streams, logger if logger is not None else ServerLogger()
         )
         self._profiles: dict[int, HostCompletion[int]] = {}
+        self.recorder = recorder if recorder is not None else KernelRecorder()
         self._tokens = itertools.count(1)
         self._properties = DeviceProperties(
             name="numpy host server",
@@ -159,6 +163,9 @@ class HostServer:
             for view, desc, mv in jobs:
                 scatter(view, desc, mv)
 
+        if self.recorder.enabled:
+            nbytes = sum(mv.nbytes for _, _, mv in jobs)
+            run = _recorded(run, self.recorder, "write", stream.value, "copy", nbytes)
         resolved.stream.submit(run)
 
     def read(
@@ -170,7 +177,14 @@ class HostServer:
             check_copy(desc)
             jobs.append((self._view(desc.binding), desc))
         resolved = self._streams.resolve(stream, (d.binding for d in descriptors))
-        return self._complete_on(resolved.stream, lambda: [gather(v, d) for v, d in jobs])
+
+        def run() -> list[bytes]:
+            return [gather(v, d) for v, d in jobs]
+
+        if self.recorder.enabled:
+            nbytes = sum(d.nbytes for d in descriptors)
+            run = _recorded(run, self.recorder, "read", stream.value, "copy", nbytes)
+        return self._complete_on(resolved.stream, run)
 
     def get_resource(self, binding: Binding, stream: StreamId) -> HostCompletion[Any]:
         """A writable numpy view of the binding's bytes, once the stream's work is done."""
@@ -244,6 +258,9 @@ class HostServer:
             fn(HostLaunch(views, scalars, metadata, dims, maps))
             used.clear()
 
+        recorder = self.recorder
+        if recorder.enabled:
+            run = _recorded(run, recorder, kernel.id, stream.value, "kernel", None)
         target.submit(run)
 
     def _count_view(self, binding: Binding) -> View:
@@ -289,6 +306,15 @@ class HostServer:
     def allocation_mode(self, mode: MemoryAllocationMode, stream: StreamId) -> None:
         """Switch between the auto and persistent pools."""
         self._memory.mode(mode)
+
+    def memory_report(self, stream: StreamId) -> MemoryReport:
+        """Usage, pages and peaks of each pool."""
+        self._release_dropped()
+        return self._memory.report()
+
+    def kernel_records(self, stream: StreamId) -> list[KernelRecord]:
+        """The kernels and copies recorded so far (profiling level medium or full)."""
+        return self.recorder.records()
 
     @property
     def memory(self) -> MemoryManagement[View]:
@@ -385,6 +411,27 @@ class _CloseState:
                 self.errors.append(error)
             self.remaining -= 1
             return self.remaining == 0
+
+
+def _recorded(
+    fn: Callable[[], T],
+    recorder: KernelRecorder,
+    name: str,
+    stream: int,
+    kind: RecordKind,
+    nbytes: int | None,
+) -> Callable[[], T]:
+    """``fn`` wrapped to record when it was queued, started and ended."""
+    queued = time.perf_counter_ns()
+
+    def timed() -> T:
+        start = time.perf_counter_ns()
+        try:
+            return fn()
+        finally:
+            recorder.record(name, stream, kind, queued, start, time.perf_counter_ns(), nbytes)
+
+    return timed
 
 
 def _read_count(view: View) -> tuple[int, int, int]:

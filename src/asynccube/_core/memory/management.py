@@ -79,6 +79,12 @@ _TICK: Final = 1024
 """Allocation calls between two periodic cleanups at most."""
 
 
+def _pool_label(pool: PoolReport) -> str:
+    page = f", pages of {pool.page_size} B" if pool.page_size else ""
+    pages = f"{pool.pages} pages, peak {pool.pages_peak}"
+    return f"{pool.kind} <= {pool.max_alloc_size} B{page} ({pages})"
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryReport:
     """A manager's state, pool by pool.
@@ -100,6 +106,12 @@ class MemoryReport:
         for pool in self.pools:
             total = total.combine(pool.usage)
         return total
+
+    def _repr_html_(self) -> str:
+        from ..display import memory_report_html
+
+        rows = [(_pool_label(p), p.usage) for p in (*self.pools, self.persistent)]
+        return memory_report_html(rows, title=f"Memory after {self.alloc_calls} allocations")
 
     def __str__(self) -> str:
         lines = [f"memory: {self.usage} after {self.alloc_calls} allocation calls"]
