@@ -55,9 +55,7 @@ class HostLaunch:
     scalars: dict[np.dtype[np.generic], npt.NDArray[np.generic]]
     metadata: npt.NDArray[np.uint32]
     count: tuple[int, int, int]
-    tensor_maps: list[tuple[TensorMapBinding, npt.NDArray[np.uint8]]] = field(
-        default_factory=list
-    )
+    tensor_maps: list[tuple[TensorMapBinding, npt.NDArray[np.uint8]]] = field(default_factory=list)
 
     def scalar(self, dtype: npt.DTypeLike, index: int = 0) -> np.generic:
         """The ``index``-th scalar of ``dtype`` (raises KeyError naming what is present)."""
