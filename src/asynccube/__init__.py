@@ -17,6 +17,7 @@ from __future__ import annotations
 from ._core.client import ComputeClient
 from ._core.errors import (
     AsyncCubeError,
+    AutotuneCheckError,
     AutotuneError,
     BufferTooBig,
     ClientClosedError,
@@ -43,6 +44,20 @@ from ._core.open import connect, open_client
 from ._core.server import BindingResource, Completion, ComputeServer, DeviceProperties
 from ._core.stream_id import StreamId
 from ._core.tensor import Tensor
+from ._core.tune import (
+    AutotuneKey,
+    AutotuneOutcome,
+    CheckMismatch,
+    CheckReport,
+    Tunable,
+    TunableSet,
+    TuneCache,
+    TuneChecks,
+    TuneMode,
+    Tuner,
+    TuneResult,
+    anchor,
+)
 from ._core.types import (
     SCALAR_DTYPES,
     Allocation,
@@ -79,11 +94,16 @@ __all__ = [
     "AllocationDescriptor",
     "AllocationKind",
     "AsyncCubeError",
+    "AutotuneCheckError",
     "AutotuneError",
+    "AutotuneKey",
+    "AutotuneOutcome",
     "Binding",
     "BindingResource",
     "Bindings",
     "BufferTooBig",
+    "CheckMismatch",
+    "CheckReport",
     "ClientClosedError",
     "ClientDeadError",
     "CompilationError",
@@ -127,10 +147,18 @@ __all__ = [
     "TensorMapSwizzle",
     "TiledFormat",
     "TimingMethod",
+    "Tunable",
+    "TunableSet",
+    "TuneCache",
+    "TuneChecks",
+    "TuneMode",
+    "TuneResult",
+    "Tuner",
     "Unknown",
     "UnsupportedIoOperation",
     "UnsupportedStrides",
     "__version__",
+    "anchor",
     "connect",
     "open_client",
 ]

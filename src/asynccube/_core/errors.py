@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "AsyncCubeError",
+    "AutotuneCheckError",
     "AutotuneError",
     "BufferTooBig",
     "ClientClosedError",
@@ -151,6 +152,19 @@ class ProfileError(AsyncCubeError):
 
 class AutotuneError(AsyncCubeError):
     """Autotuning failed; the message names each tunable's failure."""
+
+
+class AutotuneCheckError(AutotuneError):
+    """Autotune checks (``TuneChecks(strict=True)``) found implementations whose outputs
+    disagree with the reference.
+
+    Attributes:
+        report: The :class:`~asynccube.CheckReport` naming each disagreement.
+    """
+
+    def __init__(self, report: object) -> None:
+        self.report = report
+        super().__init__(str(report))
 
 
 class ConfigError(AsyncCubeError):

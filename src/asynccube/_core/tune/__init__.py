@@ -1,0 +1,26 @@
+"""Autotune: pick and remember the fastest implementation per key and device (cubecl's
+``tune`` module)."""
+
+from __future__ import annotations
+
+from .cache import AutotuneOutcome, TuneCache, TuneResult, device_fingerprint
+from .checks import CheckMismatch, CheckReport, TuneChecks
+from .key import AutotuneKey, anchor
+from .tunable import Tunable, TunableSet
+from .tuner import TuneMode, Tuner
+
+__all__ = [
+    "AutotuneKey",
+    "AutotuneOutcome",
+    "CheckMismatch",
+    "CheckReport",
+    "TuneCache",
+    "TuneChecks",
+    "TuneMode",
+    "TuneResult",
+    "Tunable",
+    "TunableSet",
+    "Tuner",
+    "anchor",
+    "device_fingerprint",
+]

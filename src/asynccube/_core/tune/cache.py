@@ -1,0 +1,520 @@
+"""The tune cache: results in memory (pending / done) and on disk (cubecl's ``TuneCache``).
+
+On disk, one JSON file per tuner and device::
+
+    <cache_dir>/<asynccube version>/<device fingerprint>/<tuner name>.json
+
+holding, per key, the tunable set's checksum, the fastest implementation and every
+outcome (timings, or the error of an implementation that failed). A stored result is
+used only when its checksum matches the tunable set's; otherwise the key is retuned.
+
+Robustness: a file that cannot be read or parsed, or an entry that is malformed, is
+reported once on the ``asynccube.autotune`` logger (WARNING) and treated as absent (the
+key is tuned afresh, and the next write replaces the file): never an exception.
+Writers take an exclusive ``fcntl`` lock on ``<file>.lock``, re-read the file, merge
+their entry and replace the file atomically (temporary file + ``os.replace``), so two
+processes tuning at once lose nothing and readers never see a torn file. Every disk
+access runs in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from ..errors import AutotuneError, ConfigError
+from ..logging import area_logger
+from .key import AutotuneKey
+
+if TYPE_CHECKING:
+    from ..client import ComputeClient
+
+fcntl: Any
+try:  # POSIX; elsewhere writes are still atomic, but concurrent merges may lose one
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+__all__ = ["AutotuneOutcome", "TuneCache", "TuneResult", "device_fingerprint"]
+
+log = area_logger("autotune")
+
+FILE_FORMAT: Final = 1
+"""Version of the on-disk layout; a file of another format is ignored (and replaced)."""
+
+
+# -- outcomes and results -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AutotuneOutcome:
+    """How one implementation did for one key (cubecl's ``AutotuneOutcome``).
+
+    Attributes:
+        name: The implementation's name.
+        index: Its index in the tunable set.
+        median_ns: Median of the samples (None if it failed).
+        mean_ns: Mean of the samples.
+        min_ns: Fastest sample.
+        max_ns: Slowest sample.
+        samples_ns: Every profiled sample, in nanoseconds.
+        error: ``"ErrorType: message"`` if it failed, else None.
+    """
+
+    name: str
+    index: int
+    median_ns: int | None = None
+    mean_ns: int | None = None
+    min_ns: int | None = None
+    max_ns: int | None = None
+    samples_ns: tuple[int, ...] = ()
+    error: str | None = None
+
+    @classmethod
+    def from_samples(cls, name: str, index: int, samples_ns: Sequence[int]) -> AutotuneOutcome:
+        """The outcome of a successful benchmark."""
+        if not samples_ns:
+            raise AutotuneError(f"tunable {name!r}: a benchmark needs at least one sample")
+        samples = tuple(int(s) for s in samples_ns)
+        return cls(
+            name,
+            index,
+            median_ns=int(statistics.median(samples)),
+            mean_ns=int(statistics.fmean(samples)),
+            min_ns=min(samples),
+            max_ns=max(samples),
+            samples_ns=samples,
+        )
+
+    @classmethod
+    def failed(cls, name: str, index: int, error: BaseException | str) -> AutotuneOutcome:
+        """The outcome of an implementation that raised ``error``."""
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        return cls(name, index, error=text)
+
+    @property
+    def ok(self) -> bool:
+        """True if the implementation ran."""
+        return self.error is None
+
+    @property
+    def sort_key(self) -> float:
+        """Median seconds, infinite for failures (for ranking)."""
+        return float("inf") if self.median_ns is None else self.median_ns / 1e9
+
+    def __str__(self) -> str:
+        if self.error is not None:
+            return f"{self.name} [{self.index}]: failed: {self.error}"
+        return (
+            f"{self.name} [{self.index}]: median {_ms(self.median_ns)} "
+            f"(min {_ms(self.min_ns)}, max {_ms(self.max_ns)}, n={len(self.samples_ns)})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (failures keep only name, index and error)."""
+        if self.error is not None:
+            return {"name": self.name, "index": self.index, "error": self.error}
+        return {
+            "name": self.name,
+            "index": self.index,
+            "median_ns": self.median_ns,
+            "mean_ns": self.mean_ns,
+            "min_ns": self.min_ns,
+            "max_ns": self.max_ns,
+            "samples_ns": list(self.samples_ns),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AutotuneOutcome:
+        """Inverse of :meth:`to_dict` (raises ValueError/TypeError/KeyError if malformed)."""
+        name, index = str(data["name"]), _int(data["index"])
+        if data.get("error") is not None:
+            return cls(name, index, error=str(data["error"]))
+        out = cls.from_samples(name, index, [_int(s) for s in data["samples_ns"]])
+        if _int(data["median_ns"]) != out.median_ns:
+            raise ValueError("median_ns does not match samples_ns")
+        return out
+
+
+def _ms(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:.3f} ms"
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an int, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class TuneResult:
+    """The result of tuning one key.
+
+    Attributes:
+        fastest_index: Index of the implementation to use.
+        fastest_name: Its name.
+        checksum: The tunable set's checksum when it was tuned.
+        outcomes: Every implementation's outcome, fastest first (empty when the set had
+            a single implementation, which is used without benchmarking).
+        source: ``"tuned"`` (this process), ``"disk"`` (read from the cache file) or
+            ``"single"`` (one implementation, nothing to tune).
+    """
+
+    fastest_index: int
+    fastest_name: str
+    checksum: str
+    outcomes: tuple[AutotuneOutcome, ...] = ()
+    source: str = field(default="tuned", compare=False)
+
+    def to_dict(self, key: AutotuneKey) -> dict[str, Any]:
+        """The on-disk record of this result for ``key``."""
+        return {
+            "key": key.to_dict(),
+            "key_type": type(key).__qualname__,
+            "checksum": self.checksum,
+            "fastest_index": self.fastest_index,
+            "fastest_name": self.fastest_name,
+            "outcomes": [o.to_dict() for o in self.outcomes],
+            "tuned_at": time.time(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TuneResult:
+        """Inverse of :meth:`to_dict` (raises ValueError/TypeError/KeyError if malformed)."""
+        outcomes = tuple(AutotuneOutcome.from_dict(o) for o in data["outcomes"])
+        return cls(
+            _int(data["fastest_index"]),
+            str(data["fastest_name"]),
+            str(data["checksum"]),
+            outcomes,
+            source="disk",
+        )
+
+
+# -- where the file lives -------------------------------------------------------------
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _slug(text: str) -> str:
+    out = _UNSAFE.sub("_", text).strip("._")
+    return out[:120] or "_"
+
+
+def device_fingerprint(client: ComputeClient) -> str:
+    """What results are namespaced by: the device string and the device's name
+    (``"cuda:0 NVIDIA H100 80GB HBM3"``, ``"host numpy host server"``)."""
+    return f"{client.device} {client.properties.name}"
+
+
+def _asynccube_version() -> str:
+    from ... import __version__
+
+    return __version__
+
+
+def _config_cache() -> tuple[bool, Path]:
+    """``[autotune] cache`` and ``cache_dir`` from the configuration (blocking)."""
+    from ..config import default_cache_dir, load_config
+
+    try:
+        cfg = load_config().autotune
+    except ConfigError as exc:
+        log.warning("autotune: cannot read the configuration (%s); using defaults", exc)
+        return True, default_cache_dir("autotune")
+    return cfg.cache, Path(cfg.cache_dir)
+
+
+# -- the cache ------------------------------------------------------------------------
+
+
+class TuneCache:
+    """Tuning results of one tuner on one device: in memory, and on disk.
+
+    Args:
+        name: The tuner's name (the file's name).
+        device: The device fingerprint (see :func:`device_fingerprint`).
+        cache_dir: Root of the on-disk cache. ``None``: ``[autotune] cache_dir`` from the
+            configuration (default ``$XDG_CACHE_HOME/asynccube/autotune``, else
+            ``~/.cache/asynccube/autotune``).
+        persistent: Keep results on disk. ``None``: ``[autotune] cache`` from the
+            configuration (default true).
+
+    In memory a key is *pending* (a tuning task runs for it), *done* (a
+    :class:`TuneResult`) or *failed* (every implementation failed: the
+    :class:`~asynccube.AutotuneError` is kept so that it is raised again without
+    retuning; :meth:`forget` clears it). Pending and failed entries never reach disk.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        device: str,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        persistent: bool | None = None,
+    ) -> None:
+        self.name = name
+        self.device = device
+        self._cache_dir = None if cache_dir is None else Path(cache_dir).expanduser()
+        self._persistent = persistent
+        self._path: Path | None = None
+        self._resolved = False
+        self._done: dict[AutotuneKey, TuneResult] = {}
+        self._pending: dict[AutotuneKey, asyncio.Task[TuneResult]] = {}
+        self._failed: dict[AutotuneKey, tuple[str, AutotuneError]] = {}
+        self._disk: dict[str, Any] | None = None
+        self._loading: asyncio.Future[None] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"TuneCache({self.name!r}, {self.device!r}, done={len(self._done)}, "
+            f"pending={len(self._pending)}, path={self._path})"
+        )
+
+    # -- memory ---------------------------------------------------------------------
+
+    def get(self, key: AutotuneKey, checksum: str | None = None) -> TuneResult | None:
+        """The result for ``key`` in memory (None if absent or of another checksum)."""
+        result = self._done.get(key)
+        if result is None or (checksum is not None and result.checksum != checksum):
+            return None
+        return result
+
+    def failure(self, key: AutotuneKey, checksum: str) -> AutotuneError | None:
+        """The error of a tuning run for ``key`` (with a set of ``checksum``) in which
+        every implementation failed."""
+        kept = self._failed.get(key)
+        return kept[1] if kept is not None and kept[0] == checksum else None
+
+    def pending(self, key: AutotuneKey) -> asyncio.Task[TuneResult] | None:
+        """The tuning task running for ``key`` on the running loop, if any."""
+        task = self._pending.get(key)
+        if task is None or task.done():
+            return None
+        if task.get_loop() is not asyncio.get_running_loop():
+            return None
+        return task
+
+    def mark_pending(self, key: AutotuneKey, task: asyncio.Task[TuneResult]) -> None:
+        """Record that ``task`` tunes ``key``; the entry goes when the task ends."""
+        self._pending[key] = task
+        task.add_done_callback(lambda t: self._unmark(key, t))
+
+    def _unmark(self, key: AutotuneKey, task: asyncio.Task[TuneResult]) -> None:
+        if self._pending.get(key) is task:
+            del self._pending[key]
+
+    def insert(self, key: AutotuneKey, result: TuneResult) -> None:
+        """Remember ``result`` for ``key`` (in memory)."""
+        self._failed.pop(key, None)
+        self._done[key] = result
+
+    def insert_failure(self, key: AutotuneKey, checksum: str, error: AutotuneError) -> None:
+        """Remember that tuning ``key`` failed (in memory only)."""
+        self._failed[key] = (checksum, error)
+
+    def forget(self, key: AutotuneKey | None = None) -> None:
+        """Drop ``key`` (or every key) from memory; the disk is left as it is."""
+        if key is None:
+            self._done.clear()
+            self._failed.clear()
+        else:
+            self._done.pop(key, None)
+            self._failed.pop(key, None)
+
+    def results(self) -> dict[AutotuneKey, TuneResult]:
+        """A copy of the results in memory."""
+        return dict(self._done)
+
+    def tasks(self) -> list[asyncio.Task[TuneResult]]:
+        """Tuning tasks still running."""
+        return [t for t in self._pending.values() if not t.done()]
+
+    # -- disk -----------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path | None:
+        """The cache file (None until resolved by :meth:`load`, or when not persistent)."""
+        return self._path
+
+    def _resolve(self) -> None:
+        """Settle the file's path (blocking: may read the configuration)."""
+        if self._resolved:
+            return
+        persistent, root = self._persistent, self._cache_dir
+        if persistent is None or (persistent and root is None):
+            cfg_persistent, cfg_root = _config_cache()
+            persistent = cfg_persistent if persistent is None else persistent
+            root = root or cfg_root
+        if persistent and root is not None:
+            device_dir = root / _slug(_asynccube_version()) / _slug(self.device)
+            self._path = device_dir / f"{_slug(self.name)}.json"
+        self._resolved = True
+
+    async def load(self) -> None:
+        """Read the cache file once (in a worker thread); later calls return at once."""
+        if self._disk is not None:
+            return
+        loading = self._loading
+        if loading is None or loading.get_loop() is not asyncio.get_running_loop():
+            loading = self._loading = asyncio.ensure_future(self._load())
+        await asyncio.shield(loading)
+
+    async def _load(self) -> None:
+        try:
+            entries = await asyncio.to_thread(self._load_blocking)
+        except Exception as exc:  # a bug or an odd filesystem: tune without the disk
+            log.warning(
+                "autotune cache for %s could not be loaded (%r); tuning afresh", self.name, exc
+            )
+            entries = {}
+        if self._disk is None:
+            self._disk = entries
+
+    def _load_blocking(self) -> dict[str, Any]:
+        self._resolve()
+        if self._path is None:
+            return {}
+        return _read_entries(self._path, self.device, self.name)
+
+    def persisted(self, key: AutotuneKey, checksum: str) -> TuneResult | None:
+        """The stored result for ``key`` if its checksum is ``checksum`` (after
+        :meth:`load`). A stale or malformed entry is dropped (and logged)."""
+        if not self._disk:
+            return None
+        record = self._disk.get(key.to_json())
+        if record is None:
+            return None
+        try:
+            result = TuneResult.from_dict(record)
+        except (KeyError, TypeError, ValueError, AutotuneError) as exc:
+            log.warning(
+                "autotune cache %s: malformed entry for %s (%s); retuning", self._path, key, exc
+            )
+            self._disk.pop(key.to_json(), None)
+            return None
+        if result.checksum != checksum:
+            log.info(
+                "autotune %s: the tunable set changed since %s was tuned; retuning", self.name, key
+            )
+            self._disk.pop(key.to_json(), None)
+            return None
+        return result
+
+    async def persist(self, key: AutotuneKey, result: TuneResult) -> None:
+        """Merge ``result`` for ``key`` into the cache file (in a worker thread).
+
+        Never raises for I/O problems: an unwritable directory is logged and costs only
+        the persistence.
+        """
+        record = result.to_dict(key)
+        key_id = key.to_json()
+        written = await asyncio.to_thread(self._persist_blocking, key_id, record)
+        if written and self._disk is not None:
+            self._disk[key_id] = record
+
+    def _persist_blocking(self, key_id: str, record: dict[str, Any]) -> bool:
+        self._resolve()
+        if self._path is None:
+            return False
+        try:
+            _merge_entry(self._path, self.device, self.name, key_id, record)
+        except OSError as exc:
+            log.warning(
+                "autotune cache %s could not be written (%s); results are kept in memory only",
+                self._path,
+                exc,
+            )
+            return False
+        return True
+
+
+# -- the file -------------------------------------------------------------------------
+
+
+def _read_entries(path: Path, device: str, tuner: str) -> dict[str, Any]:
+    """The entries of the cache file; {} (with a warning) if unreadable or corrupt."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        log.warning("autotune cache %s is unreadable (%s); tuning afresh", path, exc)
+        return {}
+    return _parse_file(raw, path, device, tuner)
+
+
+def _parse_file(raw: bytes, path: Path, device: str, tuner: str) -> dict[str, Any]:
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        log.warning("autotune cache %s is corrupt (%s); tuning afresh", path, exc)
+        return {}
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+        log.warning("autotune cache %s is not an autotune cache file; tuning afresh", path)
+        return {}
+    if data.get("format") != FILE_FORMAT:
+        log.info(
+            "autotune cache %s has format %r, not %d; ignoring it",
+            path,
+            data.get("format"),
+            FILE_FORMAT,
+        )
+        return {}
+    entries: dict[str, Any] = data["entries"]
+    return entries
+
+
+def _file_doc(device: str, tuner: str, entries: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "format": FILE_FORMAT,
+        "asynccube": _asynccube_version(),
+        "device": device,
+        "tuner": tuner,
+        "entries": entries,
+    }
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (a lock file next to the cache file)."""
+    if fcntl is None:  # pragma: no cover - Windows
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _merge_entry(path: Path, device: str, tuner: str, key_id: str, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.with_name(path.name + ".lock")):
+        entries = _read_entries(path, device, tuner)
+        entries[key_id] = record
+        _atomic_write(path, json.dumps(_file_doc(device, tuner, entries), separators=(",", ":")))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,209 @@
+"""Tunables and tunable sets: the implementations an autotuner chooses between.
+
+A :class:`Tunable` is one named implementation of an operation: an async callable
+``fn(client, inputs) -> output`` that queues its work on ``client`` (and may return
+before the device is done). A :class:`TunableSet` groups the implementations of one
+operation with a key generator (``inputs -> key``), an optional input generator for
+benchmark inputs, and a checksum that changes whenever the meaning of a stored result
+would (cubecl's ``TunableSet`` and ``compute_checksum``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+from ..errors import InvalidArgument
+from .key import AutotuneKey
+
+if TYPE_CHECKING:
+    from ..client import ComputeClient
+
+__all__ = ["Tunable", "TunableSet"]
+
+K = TypeVar("K", bound=AutotuneKey)
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+TuneFn = Callable[["ComputeClient", In], Awaitable[Out]]
+"""An implementation: ``async def fn(client, inputs) -> output``."""
+
+_CHECKSUM_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Tunable(Generic[In, Out]):
+    """One named implementation of an operation.
+
+    Attributes:
+        name: Unique within its set; stored in the cache and shown in logs.
+        fn: ``async def fn(client, inputs) -> output``; it queues work on ``client``.
+    """
+
+    name: str
+    fn: TuneFn[In, Out]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidArgument(f"a tunable's name must be a non-empty str, got {self.name!r}")
+        if not callable(self.fn):
+            raise InvalidArgument(f"tunable {self.name!r}: fn must be an async callable")
+
+    async def __call__(self, client: ComputeClient, inputs: In) -> Out:
+        """Run the implementation."""
+        return await self.fn(client, inputs)
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__name__", None) or type(fn).__name__)
+
+
+class TunableSet(Generic[K, In, Out]):
+    """The implementations of one operation, and how to key and benchmark them.
+
+    Args:
+        key: ``key(inputs) -> AutotuneKey``: what a result is remembered by. Use
+            :func:`anchor` on sizes so that near shapes share a result.
+        inputs: ``inputs(key, inputs) -> benchmark_inputs`` (sync or async): the
+            inputs the benchmarks run on. Default: the caller's inputs unchanged. Give
+            one when implementations write into their inputs, or to benchmark a
+            canonical problem of the key's (anchored) size.
+        version: Bump it when an implementation changes in a way that invalidates
+            stored results (it is part of the checksum).
+        default: Index or name of the implementation used before a result is known
+            (background mode) and as the reference for output checks. Default: 0.
+        tunables: Implementations to start with (``Tunable`` or plain functions,
+            named by their ``__name__``).
+
+    The order of implementations matters (results are stored by index and name), so
+    it is part of the checksum together with the names and ``version``.
+    """
+
+    def __init__(
+        self,
+        key: Callable[[In], K],
+        inputs: Callable[[K, In], In | Awaitable[In]] | None = None,
+        *,
+        version: str = "",
+        default: int | str = 0,
+        tunables: Iterable[Tunable[In, Out] | TuneFn[In, Out]] = (),
+    ) -> None:
+        if not callable(key):
+            raise InvalidArgument("TunableSet: key= must be a callable inputs -> AutotuneKey")
+        if inputs is not None and not callable(inputs):
+            raise InvalidArgument("TunableSet: inputs= must be a callable (key, inputs) -> ...")
+        if not isinstance(version, str):
+            raise InvalidArgument(f"TunableSet: version must be a str, got {version!r}")
+        self._key = key
+        self._inputs = inputs
+        self.version = version
+        self._default = default
+        self._tunables: list[Tunable[In, Out]] = []
+        self._checksum: str | None = None
+        for t in tunables:
+            self.add(t)
+
+    def __repr__(self) -> str:
+        return f"TunableSet({list(self.names)!r}, version={self.version!r})"
+
+    # -- building -------------------------------------------------------------------
+
+    def add(
+        self, fn: Tunable[In, Out] | TuneFn[In, Out], name: str | None = None
+    ) -> TunableSet[K, In, Out]:
+        """Append an implementation (a :class:`Tunable`, or a function named ``name``
+        or by its ``__name__``); returns the set, for chaining."""
+        tunable = fn if isinstance(fn, Tunable) else Tunable(name or _name_of(fn), fn)
+        if isinstance(fn, Tunable) and name is not None and name != fn.name:
+            tunable = Tunable(name, fn.fn)
+        if tunable.name in self.names:
+            raise InvalidArgument(f"this set already has a tunable named {tunable.name!r}")
+        self._tunables.append(tunable)
+        self._checksum = None
+        return self
+
+    def tunable(self, name: str | None = None) -> Callable[[TuneFn[In, Out]], TuneFn[In, Out]]:
+        """Decorator form of :meth:`add`: ``@tunables.tunable("tiled_128")``."""
+
+        def register(fn: TuneFn[In, Out]) -> TuneFn[In, Out]:
+            self.add(fn, name)
+            return fn
+
+        return register
+
+    # -- access ---------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._tunables)
+
+    def __iter__(self) -> Iterator[Tunable[In, Out]]:
+        return iter(self._tunables)
+
+    def __getitem__(self, item: int | str) -> Tunable[In, Out]:
+        if type(item) is int and 0 <= item < len(self._tunables):  # the hot path
+            return self._tunables[item]
+        return self._tunables[self.index_of(item)]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The implementations' names, in order."""
+        return tuple(t.name for t in self._tunables)
+
+    def index_of(self, item: int | str) -> int:
+        """The index of implementation ``item`` (an index or a name)."""
+        if type(item) is int and 0 <= item < len(self._tunables):  # the hot path
+            return item
+        if isinstance(item, str):
+            try:
+                return self.names.index(item)
+            except ValueError:
+                raise InvalidArgument(
+                    f"no tunable named {item!r}; the set has {list(self.names)}"
+                ) from None
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise InvalidArgument(f"a tunable is chosen by index or name, got {item!r}")
+        if not -len(self) <= item < len(self):
+            raise InvalidArgument(f"tunable index {item} out of range for {len(self)} tunables")
+        return item % len(self)
+
+    @property
+    def default_index(self) -> int:
+        """The index of the default implementation."""
+        if not self._tunables:
+            raise InvalidArgument("this TunableSet has no tunables; add() some first")
+        return self.index_of(self._default)
+
+    # -- keys, inputs, checksum -----------------------------------------------------
+
+    def generate_key(self, inputs: In) -> K:
+        """The key of ``inputs``."""
+        key = self._key(inputs)
+        if not isinstance(key, AutotuneKey):
+            raise InvalidArgument(
+                f"the key generator returned {type(key).__name__}, not an AutotuneKey "
+                "(subclass ac.AutotuneKey with annotated fields)"
+            )
+        return key
+
+    async def generate_inputs(self, key: K, inputs: In) -> In:
+        """The benchmark inputs for ``key`` (the caller's inputs when no generator)."""
+        if self._inputs is None:
+            return inputs
+        out: Any = self._inputs(key, inputs)
+        if inspect.isawaitable(out):
+            out = await out
+        return cast(In, out)
+
+    def checksum(self) -> str:
+        """sha256 of what gives stored results their meaning: the implementations'
+        names in order, their number and ``version``. A stored result whose checksum
+        differs is discarded and the key retuned."""
+        if self._checksum is None:
+            doc = {"format": _CHECKSUM_FORMAT, "names": self.names, "version": self.version}
+            text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+            self._checksum = hashlib.sha256(text.encode()).hexdigest()
+        return self._checksum

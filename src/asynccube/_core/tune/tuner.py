@@ -1,0 +1,396 @@
+"""The tuner: benchmarks a tunable set per key and remembers the fastest (cubecl's
+``Tuner``).
+
+For a key seen for the first time, each implementation runs ``warmup`` times, then
+``samples`` times between ``client.start_profile()`` and ``client.end_profile()`` (device
+timing with CUDA events on a GPU, synchronized wall clock on the host); the one with the
+lowest median wins. A set of one implementation is used without benchmarking. An
+implementation that raises is recorded as failed; if all fail,
+:class:`~asynccube.AutotuneError` names each failure.
+
+Tuning runs in its own asyncio task (so on its own stream), shared by every caller
+asking for the same key: fifty concurrent callers start one run. In
+:attr:`TuneMode.BLOCKING` callers wait for it; in :attr:`TuneMode.BACKGROUND` they are
+served by the set's default implementation until the result is in (the seed's
+``Pending`` state), and by the fastest afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import os
+import weakref
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..errors import AsyncCubeError, AutotuneCheckError, AutotuneError, InvalidArgument
+from ..logging import area_logger
+from .cache import AutotuneOutcome, TuneCache, TuneResult, device_fingerprint
+from .checks import CheckReport, TuneChecks, run_checks
+from .key import AutotuneKey
+from .tunable import Tunable, TunableSet
+
+if TYPE_CHECKING:
+    from ..client import ComputeClient
+
+__all__ = ["TuneMode", "Tuner"]
+
+log = area_logger("autotune")
+
+K = TypeVar("K", bound=AutotuneKey)
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+
+class TuneMode(enum.Enum):
+    """When callers get the tuned implementation."""
+
+    BLOCKING = "blocking"
+    """The first call for a key waits for tuning, then runs the fastest."""
+    BACKGROUND = "background"
+    """Tuning runs as a task; calls use the default implementation until it is done."""
+
+
+class Tuner:
+    """Picks and remembers the fastest implementation of one operation, per key and
+    device.
+
+    Args:
+        name: Names the operation (and its cache file); one tuner per operation.
+        mode: :attr:`TuneMode.BLOCKING` (default) or :attr:`TuneMode.BACKGROUND`.
+        warmup: Unprofiled runs of each implementation before its samples.
+        samples: Profiled runs of each implementation (the median decides).
+        cache_dir: Root of the on-disk cache (default: ``[autotune] cache_dir`` from
+            the configuration, i.e. ``$XDG_CACHE_HOME/asynccube/autotune`` or
+            ``~/.cache/asynccube/autotune``).
+        persistent: Keep results on disk (default: ``[autotune] cache``, true).
+        checks: Compare every implementation's output when a key is tuned
+            (``True`` for default tolerances, or a :class:`TuneChecks`).
+
+    A tuner may be shared by any number of clients and tasks (on one event loop at a
+    time); results are kept per device fingerprint (device string and name), so a
+    second client on the same device reuses them.
+
+    When every implementation fails for a key, the :class:`~asynccube.AutotuneError`
+    is kept in memory and raised again for that key without retuning (unless the
+    client was closed meanwhile); :meth:`forget` clears it. Background callers get the
+    default implementation instead.
+
+    Attributes:
+        runs: Tuning runs started (benchmarks, not cache hits): for tests and logs.
+        check_reports: Reports of the output checks run so far.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        mode: TuneMode | str = TuneMode.BLOCKING,
+        warmup: int = 1,
+        samples: int = 10,
+        cache_dir: str | os.PathLike[str] | None = None,
+        persistent: bool | None = None,
+        checks: TuneChecks | bool | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument("Tuner: name must be a non-empty str")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise InvalidArgument(f"Tuner: warmup must be an int >= 0, got {warmup!r}")
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+            raise InvalidArgument(f"Tuner: samples must be an int >= 1, got {samples!r}")
+        self.name = name
+        self.mode = _mode(mode)
+        self.warmup = warmup
+        self.samples = samples
+        self.checks = TuneChecks() if checks is True else (checks or None)
+        self._cache_dir = cache_dir
+        self._persistent = persistent
+        self._caches: dict[str, TuneCache] = {}
+        self._tasks: set[asyncio.Task[TuneResult]] = set()
+        self._last: tuple[weakref.ReferenceType[ComputeClient], TuneCache] | None = None
+        self.runs = 0
+        self.check_reports: list[CheckReport] = []
+
+    def __repr__(self) -> str:
+        return f"Tuner({self.name!r}, mode={self.mode.value}, runs={self.runs})"
+
+    # -- public ---------------------------------------------------------------------
+
+    async def execute(
+        self,
+        client: ComputeClient,
+        tunables: TunableSet[K, In, Out],
+        inputs: In,
+        *,
+        mode: TuneMode | str | None = None,
+    ) -> Out:
+        """Run the fastest implementation for ``inputs``' key (tuning it first if it
+        is new: see ``mode``) and return its output."""
+        index = await self.select(client, tunables, inputs, mode=mode)
+        return await tunables[index](client, inputs)
+
+    async def select(
+        self,
+        client: ComputeClient,
+        tunables: TunableSet[K, In, Out],
+        inputs: In,
+        *,
+        mode: TuneMode | str | None = None,
+    ) -> int:
+        """The index of the implementation :meth:`execute` would run now."""
+        key = tunables.generate_key(inputs)
+        if (self.mode if mode is None else _mode(mode)) is TuneMode.BLOCKING:
+            result = await self._result(client, tunables, key, inputs, wait=True)
+            assert result is not None
+            return result.fastest_index
+        try:
+            result = await self._result(client, tunables, key, inputs, wait=False)
+        except AutotuneError:
+            result = None
+        return tunables.default_index if result is None else result.fastest_index
+
+    async def fastest(
+        self, client: ComputeClient, tunables: TunableSet[K, In, Out], inputs: In
+    ) -> Tunable[In, Out]:
+        """The implementation :meth:`execute` would run now."""
+        return tunables[await self.select(client, tunables, inputs)]
+
+    async def tune(
+        self, client: ComputeClient, tunables: TunableSet[K, In, Out], inputs: In
+    ) -> TuneResult:
+        """The result for ``inputs``' key, waiting for tuning whatever the mode (from
+        memory or disk when known)."""
+        key = tunables.generate_key(inputs)
+        result = await self._result(client, tunables, key, inputs, wait=True)
+        assert result is not None
+        return result
+
+    def result(self, client: ComputeClient, key: AutotuneKey) -> TuneResult | None:
+        """The result for ``key`` on ``client``'s device, if in memory."""
+        return self.cache(client).get(key)
+
+    async def check(
+        self,
+        client: ComputeClient,
+        tunables: TunableSet[K, In, Out],
+        inputs: In,
+        checks: TuneChecks | None = None,
+    ) -> CheckReport:
+        """Run every implementation on ``inputs`` (as given) and compare their outputs
+        (``checks``, else the tuner's, else default tolerances); never raises for a
+        disagreement: read the report."""
+        key = tunables.generate_key(inputs)
+        return await run_checks(
+            client, tunables, key, inputs, checks or self.checks or TuneChecks()
+        )
+
+    async def wait(self) -> None:
+        """Wait for every tuning run in flight on this loop (including its disk write)."""
+        loop = asyncio.get_running_loop()
+        tasks = [t for t in self._tasks if t.get_loop() is loop]
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def cache(self, client: ComputeClient) -> TuneCache:
+        """The cache of ``client``'s device."""
+        last = self._last
+        if last is not None and last[0]() is client:
+            return last[1]
+        cache = self._cache_of(client)
+        self._last = (weakref.ref(client), cache)
+        return cache
+
+    def _cache_of(self, client: ComputeClient) -> TuneCache:
+        fingerprint = device_fingerprint(client)
+        cache = self._caches.get(fingerprint)
+        if cache is None:
+            cache = self._caches[fingerprint] = TuneCache(
+                self.name, fingerprint, cache_dir=self._cache_dir, persistent=self._persistent
+            )
+        return cache
+
+    def forget(self, key: AutotuneKey | None = None) -> None:
+        """Drop ``key`` (or everything) from memory on every device; disk stays."""
+        for cache in self._caches.values():
+            cache.forget(key)
+
+    # -- lookup ---------------------------------------------------------------------
+
+    async def _result(
+        self,
+        client: ComputeClient,
+        tunables: TunableSet[K, In, Out],
+        key: K,
+        inputs: In,
+        *,
+        wait: bool,
+    ) -> TuneResult | None:
+        cache = self.cache(client)
+        checksum = tunables.checksum()
+        result = cache.get(key, checksum)
+        if result is not None:  # the hot path
+            return result
+        if not len(tunables):
+            raise InvalidArgument(f"autotune {self.name}: the TunableSet has no tunables")
+        known = self._known(cache, tunables, key, checksum)
+        if known is not None:
+            return known
+        task = cache.pending(key)
+        if task is None:
+            await cache.load()
+            known = self._known(cache, tunables, key, checksum)
+            if known is not None:
+                return known
+            task = cache.pending(key) or self._start(client, cache, tunables, key, inputs)
+        return await asyncio.shield(task) if wait else None
+
+    def _known(
+        self,
+        cache: TuneCache,
+        tunables: TunableSet[Any, Any, Any],
+        key: AutotuneKey,
+        checksum: str,
+    ) -> TuneResult | None:
+        """A result without tuning: memory, a single implementation, or disk (after
+        ``cache.load()``). Raises the kept error of a run in which all failed."""
+        result = cache.get(key, checksum)
+        if result is not None:
+            return result
+        failure = cache.failure(key, checksum)
+        if failure is not None:
+            raise failure
+        if len(tunables) == 1:
+            result = TuneResult(0, tunables.names[0], checksum, (), source="single")
+        else:
+            result = cache.persisted(key, checksum)
+            if result is None:
+                return None
+            log.debug("autotune %s: %s from disk: %s", self.name, key, result.fastest_name)
+        cache.insert(key, result)
+        return result
+
+    def _start(
+        self,
+        client: ComputeClient,
+        cache: TuneCache,
+        tunables: TunableSet[K, In, Out],
+        key: K,
+        inputs: In,
+    ) -> asyncio.Task[TuneResult]:
+        self.runs += 1
+        task = asyncio.get_running_loop().create_task(
+            self._tune(client, cache, tunables, key, inputs),
+            name=f"asynccube-autotune-{self.name}",
+        )
+        cache.mark_pending(key, task)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[TuneResult]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()  # retrieved here, so never "never retrieved"
+        if error is not None:
+            log.warning("autotune %s failed: %s", self.name, error)
+
+    # -- tuning ---------------------------------------------------------------------
+
+    async def _tune(
+        self,
+        client: ComputeClient,
+        cache: TuneCache,
+        tunables: TunableSet[K, In, Out],
+        key: K,
+        inputs: In,
+    ) -> TuneResult:
+        checksum = tunables.checksum()
+        log.info("Tuning %s %s", self.name, key)
+        try:
+            bench_inputs = await tunables.generate_inputs(key, inputs)
+            await self._run_checks(client, tunables, key, bench_inputs)
+            outcomes = [
+                await self._benchmark(client, index, tunable, bench_inputs)
+                for index, tunable in enumerate(tunables)
+            ]
+            result = self._pick(key, checksum, outcomes)
+        except AutotuneError as exc:
+            if not client.closed:  # a closed client says nothing about the tunables
+                cache.insert_failure(key, checksum, exc)
+            raise
+        cache.insert(key, result)
+        await cache.persist(key, result)
+        return result
+
+    async def _run_checks(
+        self, client: ComputeClient, tunables: TunableSet[K, In, Out], key: K, inputs: In
+    ) -> None:
+        if self.checks is None:
+            return
+        report = await run_checks(client, tunables, key, inputs, self.checks)
+        self.check_reports.append(report)
+        if report.ok:
+            log.info("%s", report)
+            return
+        log.warning("%s", report)
+        if self.checks.strict:
+            raise AutotuneCheckError(report)
+
+    async def _benchmark(
+        self, client: ComputeClient, index: int, tunable: Tunable[Any, Any], inputs: Any
+    ) -> AutotuneOutcome:
+        try:
+            for _ in range(self.warmup):
+                await tunable(client, inputs)
+            await client.sync()  # warm-up done, and its errors raised here
+            samples = [await _profiled(client, tunable, inputs) for _ in range(self.samples)]
+        except Exception as exc:
+            log.info(
+                "autotune %s: %s failed: %s: %s", self.name, tunable.name, type(exc).__name__, exc
+            )
+            return AutotuneOutcome.failed(tunable.name, index, exc)
+        return AutotuneOutcome.from_samples(tunable.name, index, samples)
+
+    def _pick(self, key: AutotuneKey, checksum: str, outcomes: list[AutotuneOutcome]) -> TuneResult:
+        ranked = sorted(outcomes, key=lambda o: (o.sort_key, o.index))
+        best = ranked[0]
+        if not best.ok:
+            failures = "; ".join(f"{o.name}: {o.error}" for o in outcomes)
+            raise AutotuneError(
+                f"autotune {self.name}: every implementation failed for {key}: {failures}"
+            )
+        log.info(
+            "Fastest result %s-%s. Top 3 times: %s",
+            best.name,
+            key,
+            "; ".join(str(o) for o in ranked[:3]),
+        )
+        return TuneResult(best.index, best.name, checksum, tuple(ranked))
+
+
+async def _profiled(client: ComputeClient, tunable: Tunable[Any, Any], inputs: Any) -> int:
+    """Nanoseconds one run of ``tunable`` takes, profiled by the client."""
+    token = client.start_profile()
+    try:
+        await tunable(client, inputs)
+    except BaseException:
+        with contextlib.suppress(AsyncCubeError):
+            client.end_profile(token).add_done_callback(_consume)
+        raise
+    return (await client.end_profile(token)).duration_ns
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _mode(mode: TuneMode | str) -> TuneMode:
+    try:
+        return TuneMode(mode)
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown tune mode {mode!r}; use TuneMode.BLOCKING or TuneMode.BACKGROUND"
+        ) from None
