@@ -107,7 +107,7 @@ def test_from_config_sets_stdlib_levels() -> None:
     assert area_logger("memory").level == logging.INFO
     ServerLogger.from_config(config_with("memory", LogLevel.FULL))
     assert area_logger("memory").level == logging.DEBUG
-    assert area_logger("streaming").level > logging.CRITICAL
+    assert area_logger("streaming").level == logging.WARNING  # disabled: warnings still pass
 
 
 def test_without_set_levels_the_stdlib_levels_are_untouched() -> None:

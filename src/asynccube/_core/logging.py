@@ -8,7 +8,8 @@ emitted only when its level is at most the area's. Records carry the stdlib leve
 
 :meth:`ServerLogger.from_config` also sets each area logger's stdlib level so that
 configured messages get through (basic/minimal -> ``INFO``, medium/full -> ``DEBUG``,
-disabled -> above ``CRITICAL``). asynccube adds no handler other than a ``NullHandler``
+disabled -> ``WARNING``, so warnings and errors still pass). asynccube adds no handler
+other than a ``NullHandler``
 on the ``asynccube`` logger: where messages go is the application's choice
 (``logging.basicConfig()`` is enough to see them).
 
@@ -47,8 +48,10 @@ Area = Literal["streaming", "memory", "autotune", "compilation", "profiling"]
 """The name of a logging area (and of its config section)."""
 AREAS: Final[tuple[Area, ...]] = ("streaming", "memory", "autotune", "compilation", "profiling")
 PACKAGE_LOGGER: Final = "asynccube"
-DISABLED_THRESHOLD: Final = logging.CRITICAL + 10
-"""The stdlib level given to a disabled area's logger: above every record."""
+DISABLED_THRESHOLD: Final = logging.WARNING
+"""The stdlib level given to a disabled area's logger: cubecl's informational records
+(basic, full) are dropped, while warnings and errors (a corrupt cache file, an
+out-of-memory retry) still reach the application."""
 
 Message = str | Callable[[], str]
 """A message, or a function building it (called only when the message is emitted)."""
