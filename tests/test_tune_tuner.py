@@ -394,3 +394,12 @@ def test_tuner_rejects_bad_options() -> None:
         ac.Tuner("x", warmup=-1)
     with pytest.raises(ac.InvalidArgument, match="tune mode"):
         ac.Tuner("x", mode="sometimes")
+
+
+def test_autotune_level_sets_the_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asynccube._core.tune.tuner import SAMPLES_BY_LEVEL, configured_samples
+
+    for level, samples in SAMPLES_BY_LEVEL.items():
+        monkeypatch.setenv("ASYNCCUBE_AUTOTUNE_LEVEL", level)
+        assert configured_samples() == samples
+    assert SAMPLES_BY_LEVEL["minimal"] < SAMPLES_BY_LEVEL["full"]

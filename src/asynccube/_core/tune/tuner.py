@@ -22,7 +22,7 @@ import contextlib
 import enum
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ..errors import AsyncCubeError, AutotuneCheckError, AutotuneError, InvalidArgument
 from ..logging import area_logger
@@ -60,7 +60,8 @@ class Tuner:
         name: Names the operation (and its cache file); one tuner per operation.
         mode: :attr:`TuneMode.BLOCKING` (default) or :attr:`TuneMode.BACKGROUND`.
         warmup: Unprofiled runs of each implementation before its samples.
-        samples: Profiled runs of each implementation (the median decides).
+        samples: Profiled runs of each implementation (the median decides); by default
+            from ``[autotune] level``: minimal 3, balanced 10, extensive 25, full 50.
         cache_dir: Root of the on-disk cache (default: ``[autotune] cache_dir`` from
             the configuration, i.e. ``$XDG_CACHE_HOME/asynccube/autotune`` or
             ``~/.cache/asynccube/autotune``).
@@ -88,7 +89,7 @@ class Tuner:
         *,
         mode: TuneMode | str = TuneMode.BLOCKING,
         warmup: int = 1,
-        samples: int = 10,
+        samples: int | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         persistent: bool | None = None,
         checks: TuneChecks | bool | None = None,
@@ -97,7 +98,9 @@ class Tuner:
             raise InvalidArgument("Tuner: name must be a non-empty str")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
             raise InvalidArgument(f"Tuner: warmup must be an int >= 0, got {warmup!r}")
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        if samples is not None and (
+            isinstance(samples, bool) or not isinstance(samples, int) or samples < 1
+        ):
             raise InvalidArgument(f"Tuner: samples must be an int >= 1, got {samples!r}")
         self.name = name
         self.mode = _mode(mode)
@@ -345,6 +348,8 @@ class Tuner:
             for _ in range(self.warmup):
                 await tunable(client, inputs)
             await client.sync()  # warm-up done, and its errors raised here
+            if self.samples is None:
+                self.samples = await asyncio.to_thread(configured_samples)
             samples = [await _profiled(client, tunable, inputs) for _ in range(self.samples)]
         except Exception as exc:
             log.info(
@@ -394,3 +399,19 @@ def _mode(mode: TuneMode | str) -> TuneMode:
         raise InvalidArgument(
             f"unknown tune mode {mode!r}; use TuneMode.BLOCKING or TuneMode.BACKGROUND"
         ) from None
+
+
+SAMPLES_BY_LEVEL: Final = {"minimal": 3, "balanced": 10, "extensive": 25, "full": 50}
+"""Profiled samples per tunable for each ``[autotune] level``."""
+
+
+def configured_samples() -> int:
+    """Samples per tunable from ``[autotune] level`` (blocking: reads the configuration)."""
+    from ..config import load_config
+
+    try:
+        level = load_config().autotune.level
+    except AsyncCubeError as exc:
+        log.warning("autotune: cannot read the configuration (%s); using 10 samples", exc)
+        return 10
+    return SAMPLES_BY_LEVEL[str(level.value)]
