@@ -1,0 +1,249 @@
+"""The CUDA driver API, reached lazily through ``cuda.bindings.driver``.
+
+This module is the one place where a ``CUresult`` becomes a library error:
+:func:`check` turns every failure into :class:`~asynccube._core.errors.CudaDriverError`
+carrying the driver's name and text for it, and marks the sticky ones (those after
+which the context is unusable). Nothing is imported from ``cuda.bindings`` until a
+function here is called, and :func:`driver_available` never raises.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..errors import CudaDriverError
+from ..server import DeviceProperties
+
+__all__ = [
+    "ALIGNMENT",
+    "STICKY_ERRORS",
+    "DeviceContext",
+    "check",
+    "cu",
+    "device_properties",
+    "driver_available",
+    "error_from",
+    "list_devices",
+]
+
+ALIGNMENT: Final = 512
+"""Alignment of device storage handed out by asynccube (bytes)."""
+
+STICKY_ERRORS: Final = frozenset(
+    {
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "CUDA_ERROR_LAUNCH_FAILED",
+        "CUDA_ERROR_LAUNCH_TIMEOUT",
+        "CUDA_ERROR_ASSERT",
+        "CUDA_ERROR_HARDWARE_STACK_ERROR",
+        "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+        "CUDA_ERROR_MISALIGNED_ADDRESS",
+        "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        "CUDA_ERROR_INVALID_PC",
+        "CUDA_ERROR_ECC_UNCORRECTABLE",
+        "CUDA_ERROR_NVLINK_UNCORRECTABLE",
+        "CUDA_ERROR_CONTAINED",
+        "CUDA_ERROR_EXTERNAL_DEVICE",
+        "CUDA_ERROR_TENSOR_MEMORY_LEAK",
+        "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+        "CUDA_ERROR_DEINITIALIZED",
+    }
+)
+"""Errors that leave the context unusable: every later call on it fails too."""
+
+_module: Any = None
+_init_lock = threading.Lock()
+_available: tuple[bool, str] | None = None
+
+
+def cu() -> Any:
+    """The ``cuda.bindings.driver`` module (imported on first use)."""
+    global _module
+    if _module is None:
+        from cuda.bindings import driver
+
+        _module = driver
+    return _module
+
+
+def error_from(err: Any, call: str = "") -> CudaDriverError:
+    """A :class:`CudaDriverError` for the ``CUresult`` ``err`` returned by ``call``."""
+    code = int(err)
+    name = _error_name(err, code)
+    text = _error_text(err, name)
+    return CudaDriverError(code, name, text, call=call, sticky=name in STICKY_ERRORS)
+
+
+def _error_name(err: Any, code: int) -> str:
+    try:
+        res, raw = cu().cuGetErrorName(err)
+        if int(res) == 0 and raw:
+            return bytes(raw).decode(errors="replace")
+    except Exception:  # no driver library: fall back on the enum's own name
+        pass
+    try:
+        return str(cu().CUresult(code).name)
+    except Exception:
+        return f"CUresult {code}"
+
+
+def _error_text(err: Any, name: str) -> str:
+    try:
+        res, raw = cu().cuGetErrorString(err)
+        if int(res) == 0 and raw:
+            return bytes(raw).decode(errors="replace")
+    except Exception:
+        pass
+    return name.removeprefix("CUDA_ERROR_").replace("_", " ").lower()
+
+
+def check(result: tuple[Any, ...], call: str = "CUDA driver call") -> Any:
+    """Raise if ``result[0]`` (a ``CUresult``) is an error; else return the values.
+
+    ``cuda.bindings`` returns ``(err,)``, ``(err, value)`` or ``(err, v1, v2, ...)``;
+    this returns ``None``, ``value`` or ``(v1, v2, ...)`` respectively.
+    """
+    err = result[0]
+    if err:
+        raise error_from(err, call)
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def driver_available() -> tuple[bool, str]:
+    """``(True, "")`` if the driver loads and sees a GPU, else ``(False, reason)``.
+
+    Never raises; the answer is computed once per process.
+    """
+    global _available
+    with _init_lock:
+        if _available is None:
+            _available = _probe()
+        return _available
+
+
+def _probe() -> tuple[bool, str]:
+    try:
+        d = cu()
+    except Exception as exc:
+        return False, f"cuda.bindings is not importable: {exc}"
+    try:
+        check(d.cuInit(0), "cuInit")
+        count = check(d.cuDeviceGetCount(), "cuDeviceGetCount")
+    except Exception as exc:  # DynamicLibNotFoundError, CudaDriverError, ...
+        return False, f"no usable CUDA driver: {type(exc).__name__}: {exc}"
+    if count < 1:
+        return False, "the CUDA driver sees no GPU"
+    return True, ""
+
+
+def list_devices() -> list[str]:
+    """``"cuda:N  <name>"`` for each GPU the driver sees (raises if there is no driver)."""
+    d = cu()
+    check(d.cuInit(0), "cuInit")
+    out = []
+    for ordinal in range(int(check(d.cuDeviceGetCount(), "cuDeviceGetCount"))):
+        dev = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+        out.append(f"cuda:{ordinal}  {_device_name(dev)}")
+    return out
+
+
+def _device_name(dev: Any) -> str:
+    raw = check(cu().cuDeviceGetName(256, dev), "cuDeviceGetName")
+    return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+
+
+def _attr(dev: Any, name: str, default: int = 0) -> int:
+    d = cu()
+    attr = getattr(d.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}", None)
+    if attr is None:
+        return default
+    err, value = d.cuDeviceGetAttribute(attr, dev)
+    return int(value) if not err else default
+
+
+_INT_ATTRS: Final = {
+    "sm_count": "MULTIPROCESSOR_COUNT",
+    "max_threads_per_block": "MAX_THREADS_PER_BLOCK",
+    "max_shared_memory_per_block": "MAX_SHARED_MEMORY_PER_BLOCK",
+    "max_shared_memory_per_block_optin": "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+    "max_shared_memory_per_sm": "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+    "max_registers_per_block": "MAX_REGISTERS_PER_BLOCK",
+    "warp_size": "WARP_SIZE",
+    "l2_cache_size": "L2_CACHE_SIZE",
+    "async_engine_count": "ASYNC_ENGINE_COUNT",
+    "memory_pools_supported": "MEMORY_POOLS_SUPPORTED",
+    "tensor_map_access_supported": "TENSOR_MAP_ACCESS_SUPPORTED",
+    "stream_priorities_supported": "STREAM_PRIORITIES_SUPPORTED",
+    "texture_pitch_alignment": "TEXTURE_PITCH_ALIGNMENT",
+    "max_pitch": "MAX_PITCH",
+    "pci_bus_id": "PCI_BUS_ID",
+    "pci_device_id": "PCI_DEVICE_ID",
+}
+
+
+def device_properties(ordinal: int = 0) -> DeviceProperties:
+    """Name, compute capability, SM count, memory and launch limits of GPU ``ordinal``.
+
+    ``extra`` holds ``compute_capability`` (major, minor), ``arch`` (e.g. ``sm_90a``),
+    ``total_memory``, ``max_block_dim``/``max_grid_dim`` (x, y, z), the entries of
+    ``_INT_ATTRS`` and ``driver_version``.
+    """
+    from .compiler import arch_for
+
+    d = cu()
+    check(d.cuInit(0), "cuInit")
+    dev = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+    name = _device_name(dev)
+    total = int(check(d.cuDeviceTotalMem(dev), "cuDeviceTotalMem"))
+    cc = (_attr(dev, "COMPUTE_CAPABILITY_MAJOR"), _attr(dev, "COMPUTE_CAPABILITY_MINOR"))
+    extra: dict[str, Any] = {key: _attr(dev, attr) for key, attr in _INT_ATTRS.items()}
+    extra.update(
+        ordinal=ordinal,
+        compute_capability=cc,
+        arch=arch_for(cc),
+        total_memory=total,
+        max_block_dim=tuple(_attr(dev, f"MAX_BLOCK_DIM_{a}") for a in "XYZ"),
+        max_grid_dim=tuple(_attr(dev, f"MAX_GRID_DIM_{a}") for a in "XYZ"),
+        driver_version=int(check(d.cuDriverGetVersion(), "cuDriverGetVersion")),
+    )
+    return DeviceProperties(name, "cuda", ALIGNMENT, total, extra)
+
+
+@dataclass(slots=True)
+class DeviceContext:
+    """GPU ``ordinal``'s primary context, retained for as long as this object is open.
+
+    The primary context is the one the CUDA runtime, CuPy and PyTorch share, so
+    pointers and streams interoperate with them. ``make_current`` must be called on
+    every thread that issues driver calls (the actor's, a waiter thread).
+    """
+
+    ordinal: int
+    device: Any
+    context: Any
+    closed: bool = False
+
+    @classmethod
+    def open(cls, ordinal: int = 0) -> DeviceContext:
+        """Initialize the driver, retain the primary context and make it current."""
+        d = cu()
+        check(d.cuInit(0), "cuInit")
+        dev = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+        ctx = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        out = cls(ordinal, dev, ctx)
+        out.make_current()
+        return out
+
+    def make_current(self) -> None:
+        """Bind the context to the calling thread."""
+        check(cu().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+    def close(self) -> None:
+        """Release the primary context (once); the driver frees it with its last user."""
+        if not self.closed:
+            self.closed = True
+            check(cu().cuDevicePrimaryCtxRelease(self.device), "cuDevicePrimaryCtxRelease")

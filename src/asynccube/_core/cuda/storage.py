@@ -1,0 +1,354 @@
+"""Device storage for MemoryManagement, and a pinned host staging pool.
+
+:class:`CudaStorage` implements the ``ComputeStorage`` protocol of ``_core/memory``: pages
+come from a memory pool of the driver's own (``cuMemPoolCreate``), allocated and freed
+in stream order (``cuMemAllocFromPoolAsync``/``cuMemFreeAsync``) on a stream that holds
+nothing else. Nothing there ever waits for kernels, so neither call blocks for long and
+``cuMemFree``'s implicit device-wide synchronization never happens. After an allocation
+the storage stream is synchronized (it holds only the allocation, so this returns at
+once), which makes the page usable from every stream. The pool's release threshold is
+set (by default: keep everything) so that freed pages are not handed back to the driver
+at every synchronization; :meth:`CudaStorage.trim` gives them back (``memory_cleanup``).
+The memory manager frees a page only when no stream can still use it.
+
+:class:`PinnedPool` hands out page-locked host buffers (``cuMemHostAlloc``) for staging
+reads and writes, reused by size class: small ones rounded up to a power of two, large
+ones only to a 2 MiB granule (never to a power of two: that is how cupy#7742 and
+pytorch#150517 nearly doubled host memory).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import OutOfMemory
+from ..memory.storage import StorageHandle, StorageOutOfMemory
+from .driver import ALIGNMENT, check, cu, error_from
+
+__all__ = ["CudaStorage", "PinnedBuffer", "PinnedPool"]
+
+log = logging.getLogger("asynccube.memory")
+
+_OOM: Final = 2  # CUDA_ERROR_OUT_OF_MEMORY
+KEEP_ALL: Final = 2**64 - 1
+
+
+class CudaStorage:
+    """Device pages for ``MemoryManagement``; ``resource()`` is a device pointer (int).
+
+    Args:
+        ordinal: The GPU (its context must be current on the calling thread).
+        release_threshold: Bytes the pool keeps reserved across synchronizations
+            (default: all of them; :meth:`trim` releases them).
+        use_pool: Use a stream-ordered memory pool (default: when the device supports
+            one); otherwise ``cuMemAlloc``/``cuMemFree``.
+    """
+
+    alignment: int = ALIGNMENT
+
+    def __init__(
+        self, ordinal: int = 0, *, release_threshold: int = KEEP_ALL, use_pool: bool | None = None
+    ) -> None:
+        d = cu()
+        dev = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.max_alloc: int | None = int(check(d.cuDeviceTotalMem(dev), "cuDeviceTotalMem"))
+        attr = d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+        supported = bool(check(d.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute"))
+        use = supported if use_pool is None else use_pool
+        self._pool = _create_pool(ordinal, release_threshold) if use else None
+        flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        self._stream = check(d.cuStreamCreate(flags), "cuStreamCreate(storage)")
+        self._pages: dict[int, tuple[int, int]] = {}
+        self._ids = itertools.count(1)
+        self.allocated = 0
+
+    def __repr__(self) -> str:
+        kind = "pool" if self._pool is not None else "cuMemAlloc"
+        return f"CudaStorage({kind}, pages={len(self._pages)}, allocated={self.allocated})"
+
+    def alloc(self, size: int) -> StorageHandle:
+        """A new page of ``size`` bytes; :class:`StorageOutOfMemory` when the device is full."""
+        ptr = self._raw_alloc(size)
+        if ptr % self.alignment:
+            self._raw_free(ptr)
+            log.debug("device page at %#x is not %d-aligned; padding", ptr, self.alignment)
+            base = self._raw_alloc(size + self.alignment)
+            ptr = base + (-base % self.alignment)
+        else:
+            base = ptr
+        sid = next(self._ids)
+        self._pages[sid] = (base, ptr - base)
+        self.allocated += size
+        return StorageHandle(sid, 0, size)
+
+    def _raw_alloc(self, size: int) -> int:
+        d = cu()
+        if self._pool is not None:
+            err, ptr = d.cuMemAllocFromPoolAsync(size, self._pool, self._stream)
+            call = "cuMemAllocFromPoolAsync"
+        else:
+            err, ptr = d.cuMemAlloc(size)
+            call = "cuMemAlloc"
+        if err == _OOM:
+            raise StorageOutOfMemory(size, f"{call}: CUDA_ERROR_OUT_OF_MEMORY") from error_from(
+                err, call
+            )
+        if err:
+            raise error_from(err, call)
+        if self._pool is not None:
+            check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize(storage)")
+        return int(ptr)
+
+    def _raw_free(self, ptr: int) -> None:
+        d = cu()
+        if self._pool is not None:
+            check(d.cuMemFreeAsync(ptr, self._stream), "cuMemFreeAsync")
+        else:
+            check(d.cuMemFree(ptr), "cuMemFree")
+
+    def dealloc(self, storage_id: int) -> None:
+        """Free page ``storage_id`` (no stream may still use it); unknown ids are ignored."""
+        page = self._pages.pop(storage_id, None)
+        if page is not None:
+            self._raw_free(page[0])
+
+    def resource(self, handle: StorageHandle) -> int:
+        """The device address of ``handle``'s first byte."""
+        base, skip = self._pages[handle.id]
+        return base + skip + handle.offset
+
+    def storage_ids(self) -> Iterator[int]:
+        """Ids of the live pages."""
+        return iter(list(self._pages))
+
+    def trim(self, keep: int = 0) -> None:
+        """Give the pool's unused reserved memory back to the driver, down to ``keep``."""
+        if self._pool is not None:
+            d = cu()
+            check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize(storage)")
+            check(d.cuMemPoolTrimTo(self._pool, keep), "cuMemPoolTrimTo")
+
+    def reserved(self) -> int:
+        """Bytes the pool holds from the driver (pages in use included)."""
+        if self._pool is None:
+            return self.allocated
+        d = cu()
+        attr = d.CUmemPool_attribute.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT
+        return int(check(d.cuMemPoolGetAttribute(self._pool, attr), "cuMemPoolGetAttribute"))
+
+    def close(self) -> None:
+        """Free every page and the pool (call once all work using them is done)."""
+        for sid in list(self._pages):
+            self.dealloc(sid)
+        d = cu()
+        if self._stream is not None:
+            check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize(storage)")
+            d.cuStreamDestroy(self._stream)
+            self._stream = None
+        if self._pool is not None:
+            d.cuMemPoolDestroy(self._pool)
+            self._pool = None
+
+
+def _create_pool(ordinal: int, release_threshold: int) -> Any:
+    d = cu()
+    props = d.CUmemPoolProps()
+    props.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    props.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    props.location.id = ordinal
+    pool = check(d.cuMemPoolCreate(props), "cuMemPoolCreate")
+    attr = d.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+    value = d.cuuint64_t(release_threshold)
+    check(d.cuMemPoolSetAttribute(pool, attr, value), "cuMemPoolSetAttribute")
+    return pool
+
+
+class PinnedBuffer:
+    """A page-locked host buffer from a :class:`PinnedPool`.
+
+    ``view()``/``array()`` keep the buffer alive; once the buffer object and every view
+    of it are gone it goes back to its pool, from whatever thread dropped it. An owner
+    that knows no view escaped may :meth:`release` it at once instead.
+
+    Attributes:
+        ptr: Host address (also usable as a device-visible address for copies).
+        size: Bytes requested.
+        capacity: Bytes allocated (the size class).
+    """
+
+    __slots__ = ("__weakref__", "_pool", "_released", "capacity", "ptr", "size")
+
+    def __init__(self, pool: PinnedPool, ptr: int, size: int, capacity: int) -> None:
+        self._pool = pool
+        self.ptr = ptr
+        self.size = size
+        self.capacity = capacity
+        self._released = False
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        return {"data": (self.ptr, False), "shape": (self.size,), "typestr": "|u1", "version": 3}
+
+    def array(self) -> npt.NDArray[np.uint8]:
+        """A writable ``uint8`` array over the buffer (it keeps the buffer alive)."""
+        return np.asarray(self)
+
+    def view(self) -> memoryview:
+        """A writable memoryview over the buffer (it keeps the buffer alive)."""
+        return memoryview(np.asarray(self))  # type: ignore[arg-type]
+
+    def release(self) -> None:
+        """Give the buffer back now (no view of it may be used afterwards)."""
+        if not self._released:
+            self._released = True
+            self._pool._give(self.ptr, self.capacity)
+
+    def __del__(self) -> None:
+        if not self._released:
+            self._released = True
+            self._pool._give(self.ptr, self.capacity)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+class PinnedPool:
+    """Page-locked host buffers, reused by size class.
+
+    Sizes up to ``small_limit`` round up to a power of two (at least ``min_size``);
+    larger ones round up to a multiple of ``granule`` only, and a cached large buffer is
+    reused for a request at most 1/8 smaller than it. At most ``max_cached`` bytes of
+    free buffers are kept; beyond that they are freed.
+
+    Thread-safe: the actor takes buffers on the loop thread, copy workers in theirs, and
+    buffers come back from whatever thread drops them. Allocating page-locked memory is
+    slow (about 0.7 ms per MiB), so the server calls :meth:`take` on the loop thread only
+    for sizes the pool holds (:meth:`try_take`) or small ones.
+    """
+
+    def __init__(
+        self,
+        *,
+        small_limit: int = 1 << 20,
+        granule: int = 2 << 20,
+        min_size: int = 4096,
+        max_cached: int = 1 << 30,
+    ) -> None:
+        self.small_limit = small_limit
+        self.granule = granule
+        self.min_size = min_size
+        self.max_cached = max_cached
+        self._free: dict[int, list[int]] = {}
+        self._large: list[int] = []  # sorted capacities with a free buffer
+        self._returned: deque[tuple[int, int]] = deque()
+        self.cached = 0
+        self.allocated = 0
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def class_size(self, size: int) -> int:
+        """The capacity a request of ``size`` bytes gets."""
+        if size <= self.small_limit:
+            return max(self.min_size, _next_pow2(size))
+        return -(-size // self.granule) * self.granule
+
+    def take(self, size: int) -> PinnedBuffer:
+        """A pinned buffer of at least ``size`` bytes (allocated if none is free)."""
+        buf = self.try_take(size)
+        if buf is not None:
+            return buf
+        cap = self.class_size(size)
+        return PinnedBuffer(self, self._alloc(cap), size, cap)
+
+    def try_take(self, size: int) -> PinnedBuffer | None:
+        """A free pinned buffer of at least ``size`` bytes, or None (never allocates)."""
+        with self._lock:
+            self._drain()
+            ptr, cap = self._reuse(self.class_size(size))
+        return PinnedBuffer(self, ptr, size, cap) if ptr else None
+
+    def warm(self, sizes: list[int]) -> None:
+        """Allocate one free buffer of each size now (call it off the loop)."""
+        for buf in [self.take(n) for n in sizes]:
+            buf.release()
+
+    def _reuse(self, cap: int) -> tuple[int, int]:
+        if cap > self.small_limit:
+            i = bisect.bisect_left(self._large, cap)
+            if i == len(self._large) or self._large[i] > cap + cap // 8:
+                return 0, cap
+            cap = self._large[i]
+        free = self._free.get(cap)
+        if not free:
+            return 0, cap
+        ptr = free.pop()
+        self.cached -= cap
+        if not free and cap > self.small_limit:
+            self._large.remove(cap)
+        return ptr, cap
+
+    def _alloc(self, cap: int) -> int:
+        d = cu()
+        flags = int(d.CU_MEMHOSTALLOC_PORTABLE)
+        err, ptr = d.cuMemHostAlloc(cap, flags)
+        if err == _OOM and self.cached:
+            self.trim()
+            err, ptr = d.cuMemHostAlloc(cap, flags)
+        if err == _OOM:
+            raise OutOfMemory(cap, self.allocated, "pinned host memory (cuMemHostAlloc)")
+        if err:
+            raise error_from(err, "cuMemHostAlloc")
+        with self._lock:
+            self.allocated += cap
+        return int(ptr)
+
+    def _give(self, ptr: int, cap: int) -> None:
+        if self.closed:
+            self._free_host(ptr, cap)
+        else:
+            self._returned.append((ptr, cap))  # any thread: deque.append is atomic
+
+    def _drain(self) -> None:
+        while self._returned:
+            ptr, cap = self._returned.popleft()
+            if self.closed or self.cached + cap > self.max_cached:
+                self._free_host(ptr, cap)
+                continue
+            free = self._free.setdefault(cap, [])
+            if not free and cap > self.small_limit:
+                bisect.insort(self._large, cap)
+            free.append(ptr)
+            self.cached += cap
+
+    def _free_host(self, ptr: int, cap: int) -> None:
+        try:
+            check(cu().cuMemFreeHost(ptr), "cuMemFreeHost")
+            self.allocated -= cap
+        except Exception as exc:  # a finalizer's failure is logged, never raised
+            log.debug("could not free pinned buffer %#x: %s", ptr, exc)
+
+    def trim(self) -> None:
+        """Free every cached (unused) buffer."""
+        with self._lock:
+            self._drain()
+            free, self._free = self._free, {}
+            self._large.clear()
+            self.cached = 0
+        for cap, ptrs in free.items():
+            for ptr in ptrs:
+                self._free_host(ptr, cap)
+
+    def close(self) -> None:
+        """Free the cached buffers; buffers still out are freed when they come back."""
+        self.trim()
+        self.closed = True

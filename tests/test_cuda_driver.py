@@ -1,0 +1,214 @@
+"""CUDA driver access, storage, pinned staging and completions.
+
+The first tests need no GPU; the ones marked ``cuda`` run where a driver and GPU are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from asynccube._core.cuda import driver
+from asynccube._core.cuda.driver import check, cu, driver_available, error_from
+from asynccube._core.cuda.storage import PinnedPool
+from asynccube._core.errors import CudaDriverError, DeviceError
+
+MiB = 1 << 20
+
+
+# ----------------------------------------------------------------- no GPU needed
+
+
+def test_driver_available_never_raises() -> None:
+    ok, reason = driver_available()
+    assert isinstance(ok, bool)
+    assert ok or reason
+
+
+def test_error_from_names_and_stickiness() -> None:
+    err = error_from(700, "cuLaunchKernel")
+    assert isinstance(err, DeviceError)
+    assert (err.code, err.name, err.sticky, err.call) == (
+        700,
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        True,
+        "cuLaunchKernel",
+    )
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in str(err)
+    assert "cuLaunchKernel" in str(err)
+    oom = error_from(2, "cuMemAlloc")
+    assert (oom.name, oom.sticky) == ("CUDA_ERROR_OUT_OF_MEMORY", False)
+    assert error_from(719).sticky
+
+
+def test_check_unpacks_results() -> None:
+    ok = cu().CUresult.CUDA_SUCCESS
+    assert check((ok,)) is None
+    assert check((ok, 5)) == 5
+    assert check((ok, 5, 6)) == (5, 6)
+    with pytest.raises(CudaDriverError, match="CUDA_ERROR_INVALID_VALUE"):
+        check((cu().CUresult.CUDA_ERROR_INVALID_VALUE,), "cuThing")
+
+
+def test_pinned_size_classes_never_double_large_buffers() -> None:
+    pool = PinnedPool()
+    assert pool.class_size(1) == 4096
+    assert pool.class_size(5000) == 8192
+    assert pool.class_size(MiB) == MiB
+    assert pool.class_size(MiB + 1) == 2 * MiB
+    assert pool.class_size(257 * MiB) == 258 * MiB
+    assert pool.class_size(256 * MiB) == 256 * MiB
+
+
+# ----------------------------------------------------------------- GPU
+
+
+@pytest.fixture(scope="module")
+def gpu() -> Iterator[driver.DeviceContext]:
+    ctx = driver.DeviceContext.open(0)
+    yield ctx
+    ctx.make_current()
+    ctx.close()
+
+
+@pytest.fixture
+def stream(gpu: driver.DeviceContext) -> Iterator[Any]:
+    gpu.make_current()
+    d = cu()
+    s = check(d.cuStreamCreate(int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+    yield s
+    gpu.make_current()
+    check(d.cuStreamSynchronize(s))
+    d.cuStreamDestroy(s)
+
+
+@pytest.mark.cuda
+def test_device_properties(gpu: driver.DeviceContext) -> None:
+    props = driver.device_properties(0)
+    assert props.kind == "cuda"
+    assert props.alignment == 512
+    assert props.name
+    extra = props.extra
+    assert extra["sm_count"] > 0
+    assert extra["max_threads_per_block"] >= 512
+    assert len(extra["max_grid_dim"]) == 3
+    assert extra["max_grid_dim"][0] >= 2**31 - 1
+    assert extra["arch"].startswith("sm_")
+    assert props.max_allocation == extra["total_memory"] > 0
+    assert driver.list_devices()[0].startswith("cuda:0  ")
+
+
+@pytest.mark.cuda
+def test_storage_pages_are_aligned_usable_and_freed(gpu: driver.DeviceContext) -> None:
+    from asynccube._core.cuda.storage import CudaStorage
+
+    st = CudaStorage(0)
+    handles = [st.alloc(size) for size in (1, 1000, MiB, 3 * MiB + 5)]
+    for h in handles:
+        ptr = st.resource(h)
+        assert ptr % 512 == 0
+        check(cu().cuMemsetD8(ptr, 0xAB, h.size))
+    sub = handles[2].sub(4096, 16)
+    assert st.resource(sub) == st.resource(handles[2]) + 4096
+    assert sorted(st.storage_ids()) == [h.id for h in handles]
+    for h in handles:
+        st.dealloc(h.id)
+    st.dealloc(12345)
+    assert list(st.storage_ids()) == []
+    st.trim()
+    st.close()
+
+
+@pytest.mark.cuda
+def test_storage_out_of_memory(gpu: driver.DeviceContext) -> None:
+    from asynccube._core.cuda.storage import CudaStorage
+    from asynccube._core.memory.storage import StorageOutOfMemory
+
+    st = CudaStorage(0)
+    assert st.max_alloc is not None
+    with pytest.raises(StorageOutOfMemory) as info:
+        st.alloc(st.max_alloc * 4)
+    assert info.value.size == st.max_alloc * 4
+    assert isinstance(info.value.__cause__, CudaDriverError)
+    st.close()
+
+
+@pytest.mark.cuda
+def test_pinned_pool_reuses_and_round_trips(gpu: driver.DeviceContext, stream: Any) -> None:
+    from asynccube._core.cuda.storage import CudaStorage
+
+    pool = PinnedPool()
+    buf = pool.take(3 * MiB)
+    ptr, cap = buf.ptr, buf.capacity
+    arr = buf.array()
+    arr[:] = np.arange(arr.size, dtype=np.uint8)
+    st = CudaStorage(0)
+    dev = st.resource(st.alloc(3 * MiB))
+    d = cu()
+    check(d.cuMemcpyHtoDAsync(dev, buf.ptr, buf.size, stream))
+    back = pool.take(3 * MiB)
+    check(d.cuMemcpyDtoHAsync(back.ptr, dev, back.size, stream))
+    check(d.cuStreamSynchronize(stream))
+    assert np.array_equal(back.array(), arr)
+    del arr, buf
+    again = pool.take(3 * MiB - 100)
+    assert (again.ptr, again.capacity) == (ptr, cap)
+    view = again.view()
+    del again
+    assert pool.cached == 0  # the view keeps it out
+    del view
+    small = pool.take(1)
+    assert pool.cached == cap  # the view is gone: the 3 MiB buffer is back
+    small_ptr = small.ptr
+    small.release()
+    assert pool.take(2).ptr == small_ptr
+    back.release()
+    pool.close()
+    st.close()
+
+
+def _completion(stream: Any, ctx: driver.DeviceContext, seconds: float) -> Any:
+    from asynccube._core.cuda.completion import CudaCompletion, EventPool, HostFuncNotifier
+
+    from .test_cuda_launch import spin
+
+    spin(stream, seconds)
+    events = EventPool()
+    ev = events.record(stream)
+    return CudaCompletion([ev], lambda: "done", events, HostFuncNotifier(), stream, ctx.context)
+
+
+@pytest.mark.cuda
+def test_completion_done_wait_result(gpu: driver.DeviceContext, stream: Any) -> None:
+    c = _completion(stream, gpu, 0.05)
+    assert not c.done()
+    assert c.wait(0.001) is False
+    assert c.wait(None) is True
+    assert c.done()
+    assert c.result() == "done"
+
+
+@pytest.mark.cuda
+@pytest.mark.asyncio
+async def test_completion_fileno_wakes_the_loop(gpu: driver.DeviceContext, stream: Any) -> None:
+    gpu.make_current()
+    c = _completion(stream, gpu, 0.05)
+    loop = asyncio.get_running_loop()
+    woke = loop.create_future()
+    fd = c.fileno()
+    assert fd >= 0
+    assert c.fileno() == fd
+    start = time.perf_counter()
+    loop.add_reader(fd, lambda: woke.done() or woke.set_result(time.perf_counter()))
+    try:
+        at = await asyncio.wait_for(woke, 5)
+    finally:
+        loop.remove_reader(fd)
+    assert c.done()
+    assert 0.04 < at - start < 1.0
+    assert c.result() == "done"

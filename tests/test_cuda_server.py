@@ -1,0 +1,269 @@
+"""The CUDA server through the client: what the shared client suite does not cover.
+
+Every test needs a GPU (marker ``cuda``); the shared suite (test_client.py and others)
+also runs on ``cuda:0`` where a GPU is present.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+import asynccube as ac
+from asynccube._core.types import TensorMapBinding, TensorMapMeta, TiledFormat
+
+from .kernels import ADD, add_bindings, blocks
+
+pytestmark = [pytest.mark.cuda, pytest.mark.asyncio]
+
+SPIN = ac.Kernel(
+    "test_cuda_spin",
+    cuda=ac.CudaSource(
+        r"""
+        extern "C" __global__ void spin(unsigned long long ns) {
+            unsigned long long t0, t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+            do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+        }
+        """,
+        entry="spin",
+        block=(1, 1, 1),
+    ),
+)
+
+FILL_META = ac.Kernel(
+    "test_cuda_fill_meta",
+    cuda=ac.CudaSource(
+        r"""
+        #include <asynccube.h>
+        extern "C" __global__ void fill(unsigned int* out, unsigned int base,
+                                        ac_metadata<2> meta) {
+            unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < meta.v[0]) out[i] = base + meta.v[1] * i;
+        }
+        """,
+        entry="fill",
+        block=(64, 1, 1),
+    ),
+)
+
+TMA_COPY = ac.Kernel(
+    "test_cuda_tma_tile_copy",
+    cuda=ac.CudaSource(
+        r"""
+        #include <asynccube.h>
+        extern "C" __global__ void tma_copy(float* out,
+                                            const __grid_constant__ ac_tensor_map tmap,
+                                            unsigned int width) {
+            __shared__ __align__(128) float tile[8][16];
+            __shared__ __align__(8) unsigned long long bar;
+            unsigned int bar_addr = (unsigned int)__cvta_generic_to_shared(&bar);
+            unsigned int tile_addr = (unsigned int)__cvta_generic_to_shared(&tile[0][0]);
+            int x0 = blockIdx.x * 16, y0 = blockIdx.y * 8;
+            if (threadIdx.x == 0) {
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar_addr));
+                asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                             :: "r"(bar_addr), "r"(16 * 8 * 4) : "memory");
+                asm volatile(
+                    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                    " [%0], [%1, {%2, %3}], [%4];"
+                    :: "r"(tile_addr), "l"((unsigned long long)&tmap), "r"(x0), "r"(y0),
+                       "r"(bar_addr) : "memory");
+            }
+            asm volatile(
+                "{\n"
+                ".reg .pred P1;\n"
+                "LAB_WAIT:\n"
+                "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+                "@P1 bra DONE;\n"
+                "bra LAB_WAIT;\n"
+                "DONE:\n"
+                "}\n" :: "r"(bar_addr), "r"(0) : "memory");
+            int r = threadIdx.x / 16, c = threadIdx.x % 16;
+            out[(y0 + r) * width + x0 + c] = tile[r][c];
+        }
+        """,
+        entry="tma_copy",
+        block=(128, 1, 1),
+    ),
+)
+
+
+@pytest_asyncio.fixture
+async def gpu() -> AsyncIterator[ac.ComputeClient]:
+    c = await ac.connect("cuda:0")
+    yield c
+    if not c.closed:
+        await c.close()
+
+
+def spin_bindings(seconds: float) -> ac.Bindings:
+    return ac.Bindings().with_scalar(np.uint64, [int(seconds * 1e9)])
+
+
+async def test_properties_describe_the_gpu(gpu: ac.ComputeClient) -> None:
+    props = gpu.properties
+    assert props.kind == "cuda" and props.alignment == 512
+    assert props.extra["arch"].startswith("sm_") and props.extra["sm_count"] > 0
+
+
+async def test_add_large_and_zero_copy_read(gpu: ac.ComputeClient) -> None:
+    n = 1 << 18  # 1 MiB: the zero-copy size, and the largest pinned size kept warm
+    a = np.arange(n, dtype=np.float32)  # cheap to make: the loop-lag probe is running
+    b = a * np.float32(0.5)
+    ha, hb, out = gpu.create(a), gpu.create(b), gpu.empty(4 * n)
+    gpu.execute(ADD, blocks(n), add_bindings(ha, hb, out, n))
+    (raw,) = await gpu.read([out])
+    assert isinstance(raw, memoryview)  # pinned memory, no extra copy
+    assert np.array_equal(np.frombuffer(raw, np.float32), a + b)
+
+
+async def test_write_from_staging_buffer(gpu: ac.ComputeClient) -> None:
+    h = gpu.empty(4096)
+    (stage,) = gpu.server.staging([4096], ac.StreamId.current())
+    np.frombuffer(stage, np.uint8)[:] = np.arange(4096) % 251
+    gpu.write([(h.copy_descriptor((4096,), (1,), 1), stage)])
+    assert await gpu.read([h]) == [(np.arange(4096) % 251).astype(np.uint8).tobytes()]
+
+
+async def test_pitched_tensors_and_strided_io(gpu: ac.ComputeClient) -> None:
+    ((h, strides),) = gpu.empty_tensors([(5, 33)], [4])
+    assert strides[0] * 4 % 256 == 0
+    data = np.arange(5 * 33, dtype=np.float32).reshape(5, 33)
+    gpu.write([(h.copy_descriptor((5, 33), strides, 4), data)])
+    (raw,) = await gpu.read_tensor([h.copy_descriptor((5, 33), strides, 4)])
+    np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(5, 33), data)
+    (cols,) = await gpu.read_tensor([h.copy_descriptor((33, 5), (1, strides[0]), 4)])
+    np.testing.assert_array_equal(np.frombuffer(cols, np.float32).reshape(33, 5), data.T)
+    (every_other,) = await gpu.read_tensor([h.copy_descriptor((5, 17), (strides[0], 2), 4)])
+    np.testing.assert_array_equal(
+        np.frombuffer(every_other, np.float32).reshape(5, 17), data[:, ::2]
+    )
+
+
+async def test_metadata_and_dynamic_count(gpu: ac.ComputeClient) -> None:
+    out = gpu.empty(4 * 200)
+    count = gpu.create(np.array([4, 1, 1], np.uint32))
+    bindings = (
+        ac.Bindings()
+        .with_buffer(out)
+        .with_scalar(np.uint32, [1000])
+        .with_metadata(ac.MetadataBinding([200, 3]))
+    )
+    gpu.execute(FILL_META, ac.CubeCount.dynamic(count), bindings)
+    (raw,) = await gpu.read([out])
+    got = np.frombuffer(raw, np.uint32)
+    np.testing.assert_array_equal(got[:200], 1000 + 3 * np.arange(200))
+
+
+async def test_checked_mode_rejects_bad_launches(gpu: ac.ComputeClient) -> None:
+    h = gpu.empty(16)
+    big = ac.Kernel("test_cuda_big_block", cuda=ac.CudaSource(ADD.cuda.source, "add", (2048, 1, 1)))  # type: ignore[union-attr]
+    gpu.execute(big, ac.CubeCount(1), add_bindings(h, h, h, 4))
+    with pytest.raises(ac.InvalidArgument, match="block"):
+        await gpu.sync()
+    gpu.execute(ADD, ac.CubeCount(1), ac.Bindings().with_buffer(h))  # 1 parameter, not 4
+    with pytest.raises(ac.InvalidArgument, match="parameters"):
+        await gpu.sync()
+    gpu.execute(ADD, ac.CubeCount(2**31), add_bindings(h, h, h, 4))
+    with pytest.raises(ac.InvalidArgument, match="grid"):
+        await gpu.sync()
+
+
+async def test_compile_error_is_held_for_the_stream(gpu: ac.ComputeClient) -> None:
+    broken = ac.Kernel("test_cuda_broken", cuda=ac.CudaSource("this is not C++", "k"))
+    gpu.execute(broken, ac.CubeCount(1), ac.Bindings())
+    with pytest.raises(ac.CompilationError) as info:
+        await gpu.sync()
+    assert info.value.log
+
+
+async def test_tensor_map_tile_copy(gpu: ac.ComputeClient) -> None:
+    if gpu.properties.extra["compute_capability"] < (9, 0):
+        pytest.skip("TMA needs compute capability 9.0")
+    width, height = 64, 32
+    src = np.random.default_rng(5).standard_normal((height, width)).astype(np.float32)
+    hs, out = gpu.create(src), gpu.empty(src.nbytes)
+    meta = TensorMapMeta(
+        TiledFormat((16, 8)), 2, (width, height), (1, width), (1, 1), np.dtype(np.float32)
+    )
+    bindings = (
+        ac.Bindings()
+        .with_buffer(out)
+        .with_tensor_maps([TensorMapBinding(hs.binding(), meta)])
+        .with_scalar(np.uint32, [width])
+    )
+    gpu.execute(TMA_COPY, ac.CubeCount(width // 16, height // 8), bindings)
+    (raw,) = await gpu.read([out])
+    np.testing.assert_array_equal(np.frombuffer(raw, np.float32).reshape(height, width), src)
+
+
+@pytest.mark.allow_loop_lag  # mapping tens of GB into the pool takes ~1 ms per GiB
+async def test_out_of_memory_is_typed(gpu: ac.ComputeClient) -> None:
+    total = gpu.properties.extra["total_memory"]
+    first = gpu.empty(int(total * 0.6))
+    second = gpu.empty(int(total * 0.6))  # more than is left
+    with pytest.raises(ac.OutOfMemory):
+        await gpu.sync()
+    del first, second
+    gpu.memory_cleanup()
+    h = gpu.create(b"still fine")
+    assert await gpu.read([h]) == [b"still fine"]
+
+
+async def test_profile_times_device_work(gpu: ac.ComputeClient) -> None:
+    outer = gpu.start_profile()
+    inner = gpu.start_profile()
+    gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(0.02))
+    d_inner = await gpu.end_profile(inner)
+    d_outer = await gpu.end_profile(outer)
+    assert d_inner.method is ac.TimingMethod.DEVICE
+    assert 0.019 < d_inner.seconds < 0.5
+    assert d_outer.start_ns <= d_inner.start_ns <= d_inner.end_ns <= d_outer.end_ns
+
+
+async def test_awaiting_a_long_kernel_keeps_the_loop_free(gpu: ac.ComputeClient) -> None:
+    gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(0.0))
+    await gpu.sync()  # compiled and loaded
+    lags: list[float] = []
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.001)
+            lags.append(time.perf_counter() - t0 - 0.001)
+
+    tick = asyncio.create_task(ticker())
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(0.3))
+    await gpu.sync()
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    stop.set()
+    await tick
+    assert 0.29 < wall < 1.0
+    assert sorted(lags)[int(0.99 * len(lags))] < 0.002
+    assert cpu / wall < 0.5  # not a spinning core (the ticker itself costs a little)
+
+
+async def test_concurrent_tasks_get_their_own_streams(gpu: ac.ComputeClient) -> None:
+    gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(0.0))
+    await gpu.sync()
+
+    async def task() -> None:
+        gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(0.1))
+        await gpu.sync()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(task() for _ in range(4)))
+    assert time.perf_counter() - t0 < 0.3  # 4 x 0.1 s kernels overlapped
