@@ -62,13 +62,13 @@ def _with_lag_probe(test: Callable[..., Awaitable[None]]) -> Callable[..., Await
     return probed
 
 
-def _devices() -> list[str]:
-    return ["host", "cuda:0"] if _GPU.usable else ["host"]
+_DEVICES = ["host", pytest.param("cuda:0", marks=pytest.mark.cuda)]
 
 
-@pytest.fixture(params=_devices())
+@pytest.fixture(params=_DEVICES)
 def device(request: pytest.FixtureRequest) -> str:
-    """Each device the suite can run on: the host, and cuda:0 where a GPU is usable."""
+    """Each device: the host, and cuda:0 (marked ``cuda``: skipped where no GPU is usable,
+    selected by ``pytest -m cuda``)."""
     param: str = request.param
     return param
 

@@ -175,3 +175,18 @@ async def test_device_and_properties(client: ac.ComputeClient) -> None:
 
 def _scale(h: ac.Handle, n: int) -> ac.Bindings:
     return ac.Bindings().with_buffer(h).with_scalar(np.float32, [2.0]).with_scalar(np.uint32, [n])
+
+
+async def test_staging_buffers_are_handed_over_not_copied(client: ac.ComputeClient) -> None:
+    (buf,) = await client.staging([64])
+    assert buf.dtype == np.uint8 and buf.size == 64 and buf.flags.writeable
+    np.copyto(buf, np.arange(64, dtype=np.uint8))
+    h = client.create(buf)
+    client.write([(h.copy_descriptor((32,), (1,), 1), buf[32:].copy())])
+    assert await client.read([h]) == [bytes(range(32, 64)) * 2]
+    plain = np.zeros(4, np.uint8)
+    snap = client.create(plain)
+    plain[:] = 9  # an ordinary array is snapshotted at the call
+    assert await client.read([snap]) == [bytes(4)]
+    with pytest.raises(ac.InvalidArgument):
+        await client.staging([-1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,6 +122,8 @@ async def test_streaming_logs_a_cross_stream_wait(
 def test_config_command_prints_sources(tmp_path: Path) -> None:
     (tmp_path / "asynccube.toml").write_text("[streaming]\nmax_streams = 3\n")
     env = {"ASYNCCUBE_MEMORY_POOL": "exclusive", "PATH": "/usr/bin:/bin"}
+    if "PYTHONPATH" in os.environ:  # where asynccube runs from a source tree
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     out = subprocess.run(
         [sys.executable, "-m", "asynccube", "config"],
         cwd=tmp_path,

@@ -242,6 +242,9 @@ class Channel:
         self.state = State.DEAD
         self._stop = True
         self._queue.clear()
+        wakeup, self._wakeup = self._wakeup, None
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)  # the sleeping actor sees _stop and ends
         error = self._unusable()
         for fut in list(self._pending):
             if not fut.done():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -38,6 +40,7 @@ from .types import (
 __all__ = ["ComputeClient"]
 
 DataLike = BytesLike | npt.NDArray[Any]
+Job = Callable[[], None]
 
 
 class ComputeClient:
@@ -54,9 +57,14 @@ class ComputeClient:
     def __init__(self, server: ComputeServer, loop: asyncio.AbstractEventLoop) -> None:
         self._server = server
         self._channel = Channel(server, loop)
-        self._prepare: Callable[[Kernel], Callable[[], None] | None] | None = getattr(
-            server, "prepare", None
+        # Optional server hooks: blocking work (compiling, loading, pinning memory) that
+        # the actor runs in a worker thread before the command, never on the loop.
+        self._prepare: Callable[..., Job | None] | None = getattr(server, "prepare", None)
+        self._prepare_write: Callable[..., Job | None] | None = getattr(
+            server, "prepare_write", None
         )
+        self._prepare_read: Callable[..., Job | None] | None = getattr(server, "prepare_read", None)
+        self._staging: dict[int, weakref.ref[npt.NDArray[np.uint8]]] = {}
         self._profile_ids = itertools.count(1)
         self._profiles: dict[int, ProfilingToken] = {}
         self._closing: asyncio.Future[Any] | None = None
@@ -96,14 +104,56 @@ class ComputeClient:
     def create(self, data: DataLike) -> Handle:
         """A new buffer holding a copy of ``data`` (bytes-like, or a numpy array's bytes).
 
-        ``bytes`` are taken by reference (immutable); any other buffer is copied now, so
-        later changes to it do not leak into the buffer.
+        ``bytes`` are taken by reference (immutable), buffers from :meth:`staging` are
+        handed over; any other buffer is copied now, so later changes to it do not leak
+        into the buffer.
         """
         self._channel.check()
-        raw = as_bytes(data)
-        handle = self._mint(len(raw))
-        self._send_fire(self._server.create_with_data, handle, raw)
+        raw = self._snapshot(data)
+        handle = self._mint(memoryview(raw).nbytes)
+        self._channel.send(self._create_with_data, StreamId.current(), handle, raw)
         return handle
+
+    async def staging(self, sizes: Sequence[int]) -> list[npt.NDArray[np.uint8]]:
+        """Host buffers that ``write``/``create`` take without a copy (page-locked on
+        CUDA, so a write from one runs at full transfer bandwidth).
+
+        Fill one (``np.copyto(buf, data.view(np.uint8).ravel())``), then pass it to
+        ``write`` or ``create``: it is handed over, not snapshotted, so do not modify it
+        until that work is done (``await client.sync()``). Allocating page-locked memory
+        is slow, so this runs in a worker thread.
+        """
+        self._channel.check()
+        for n in sizes:
+            if not isinstance(n, int) or n < 0:
+                raise InvalidArgument(f"staging sizes must be ints >= 0, got {n!r}")
+        views = await self.loop.run_in_executor(
+            None, self._server.staging, list(sizes), StreamId.current()
+        )
+        arrays = [np.asarray(v, dtype=np.uint8).reshape(-1) for v in views]
+        for array in arrays:
+            forget = functools.partial(_forget_staging, self._staging, id(array))
+            self._staging[id(array)] = weakref.ref(array, forget)
+        return arrays
+
+    def _snapshot(self, data: Any) -> Any:
+        """``data`` as bytes to hand to the server: staging buffers as they are, anything
+        mutable copied now."""
+        if type(data) is np.ndarray:
+            ref = self._staging.get(id(data))
+            if ref is not None and ref() is data:
+                return memoryview(data)  # type: ignore[arg-type]
+        return as_bytes(data)
+
+    def _create_with_data(self, stream: StreamId, handle: Handle, raw: Any) -> Any:
+        fire, create = self._channel.fire, self._server.create_with_data
+        if self._prepare_write is not None:
+            size = handle.buffer_size
+            job = self._prepare_write([(handle.copy_descriptor((size,), (1,), 1), raw)], stream)
+            if job is not None:
+                return self._after(job, stream, fire, stream, create, handle, raw)
+        fire(stream, create, handle, raw)
+        return None
 
     def empty(self, size: int) -> Handle:
         """A new uninitialized buffer of ``size`` bytes."""
@@ -170,20 +220,37 @@ class ComputeClient:
     def write(self, items: Sequence[tuple[CopyDescriptor, DataLike]]) -> None:
         """Write dense data into each (possibly strided) tensor, in stream order."""
         self._channel.check()
-        copies = [(_descriptor(d), as_bytes(data)) for d, data in items]
-        self._send_fire(self._server.write, copies)
+        copies = [(_descriptor(d), self._snapshot(data)) for d, data in items]
+        self._channel.send(self._write, StreamId.current(), copies)
+
+    def _write(self, stream: StreamId, copies: list[tuple[CopyDescriptor, Any]]) -> Any:
+        job = self._prepare_write(copies, stream) if self._prepare_write is not None else None
+        if job is not None:
+            return self._after(job, stream, self._channel.fire, stream, self._server.write, copies)
+        self._channel.fire(stream, self._server.write, copies)
+        return None
 
     def read(self, bindings: Sequence[Binding | Handle]) -> asyncio.Future[list[bytes]]:
         """The bytes of each binding (awaitable)."""
         self._channel.check()
         descs = [_whole(b) for b in bindings]
-        return self._request(self._server.read, descs)
+        channel = self._channel
+        return channel.request(self._read, StreamId.current(), descs)
 
     def read_tensor(self, descriptors: Sequence[CopyDescriptor]) -> asyncio.Future[list[bytes]]:
         """The bytes of each (possibly strided) tensor, densely packed (awaitable)."""
         self._channel.check()
         descs = [_descriptor(d) for d in descriptors]
-        return self._request(self._server.read, descs)
+        channel = self._channel
+        return channel.request(self._read, StreamId.current(), descs)
+
+    def _read(self, stream: StreamId, descs: list[CopyDescriptor], fut: Any) -> Any:
+        job = self._prepare_read(descs, stream) if self._prepare_read is not None else None
+        wait = self._channel.await_completion
+        if job is not None:
+            return self._after(job, stream, wait, stream, self._server.read, descs, fut)
+        wait(stream, self._server.read, descs, fut)
+        return None
 
     def sync(self) -> asyncio.Future[None]:
         """Completes once all work queued so far, on every stream, is done (awaitable).
@@ -224,24 +291,27 @@ class ComputeClient:
         bindings: Bindings,
         mode: ExecutionMode,
     ) -> Any:
-        job = self._prepare(kernel) if self._prepare is not None else None
+        job = self._prepare(kernel, count, stream) if self._prepare is not None else None
+        fire = self._channel.fire
         if job is not None:
-            return self._compile_then_execute(job, stream, kernel, count, bindings, mode)
-        self._channel.fire(stream, self._server.execute, kernel, count, bindings, mode)
+            execute = self._server.execute
+            return self._after(job, stream, fire, stream, execute, kernel, count, bindings, mode)
+        fire(stream, self._server.execute, kernel, count, bindings, mode)
         return None
 
-    async def _compile_then_execute(
-        self,
-        job: Callable[[], None],
-        stream: StreamId,
-        *args: Any,
+    async def _after(
+        self, job: Job, stream: StreamId, then: Callable[..., None], *args: Any
     ) -> None:
+        """Run ``job`` in a worker thread (the actor waits, so order is kept), then
+        ``then(*args)``. A failed job is held for ``stream``: it is raised by ``then`` when
+        that is an awaited command, else at the next awaited command on the stream."""
         try:
             await self.loop.run_in_executor(None, job)
         except Exception as exc:
             self._channel.hold(stream, exc)
-            return
-        self._channel.fire(stream, self._server.execute, *args)
+            if then is self._channel.fire:
+                return
+        then(*args)
 
     def flush(self) -> None:
         """Submit work buffered for the calling task's stream."""
@@ -401,6 +471,12 @@ class ComputeClient:
     def _request(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         channel = self._channel
         return channel.request(channel.await_completion, StreamId.current(), fn, *args)
+
+
+def _forget_staging(
+    registry: dict[int, weakref.ref[npt.NDArray[np.uint8]]], key: int, _: object
+) -> None:
+    registry.pop(key, None)
 
 
 def _whole(value: object) -> CopyDescriptor:

@@ -2,8 +2,9 @@
 
 Two paths, picked per completion:
 
-* A completion that can notify (``add_done_callback``, called on the thread that
-  finishes it, as host workers do) is resolved through ``loop.call_soon_threadsafe``.
+* A completion that can notify (``add_done_callback``) is resolved from its callback:
+  directly when it calls back on the loop's thread (``calls_back_on_loop``, as CUDA
+  completions do), else through ``loop.call_soon_threadsafe`` (host workers).
 * Any other completion (a CUDA event) is polled with ``done()`` from one poller task,
   yielding to the loop between rounds (``await asyncio.sleep(0)``), for a short spin
   budget; a completion still pending after that is handed to a waiter thread, which
@@ -54,8 +55,11 @@ class CompletionWatcher:
         """Call ``sink(completion)`` on the loop once ``completion`` is done."""
         if completion.done():
             sink(completion)
-        elif hasattr(completion, "add_done_callback"):
+        elif getattr(completion, "calls_back_on_loop", False):
             notify: _Notifying = completion  # type: ignore[assignment]
+            notify.add_done_callback(functools.partial(sink, completion))
+        elif hasattr(completion, "add_done_callback"):
+            notify = completion  # type: ignore[assignment]
             call = self._loop.call_soon_threadsafe
             notify.add_done_callback(functools.partial(call, sink, completion))
         else:

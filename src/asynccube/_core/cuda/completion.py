@@ -32,7 +32,7 @@ import os
 import select
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from .driver import check, cu, error_from
 
@@ -280,6 +280,9 @@ class CudaCompletion(Generic[T]):
                 return -1
             self._fd = self._notifier.arm(self._events, self._stream)
         return self._fd
+
+    calls_back_on_loop: Final = True
+    """``add_done_callback`` calls back on the loop's thread (the watcher skips a hop)."""
 
     def add_done_callback(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` on the running loop's thread once done, without blocking it and

@@ -43,9 +43,10 @@ from ..host.layout import allocation_layout, check_copy
 from ..host.worker import HostCompletion
 from ..kernel import CudaSource, Kernel, block_size
 from ..logging import ServerLogger
-from ..memory import MemoryConfig, MemoryManagement
+from ..memory import MemoryConfig, MemoryManagement, MemoryReport
 from ..memory.slice import SliceHandle
 from ..memory.table import SliceTable
+from ..profiling import KernelRecord, KernelRecorder, RecordKind
 from ..server import BindingResource, BytesLike, DeviceProperties
 from ..stream.multi import MultiStream
 from ..stream_id import StreamId
@@ -170,6 +171,19 @@ class Retirer:
         self._inflight.clear()
 
 
+@dataclass(frozen=True, slots=True)
+class _TimedOp:
+    """A recorded operation whose events the device may not have reached yet."""
+
+    name: str
+    stream: int
+    kind: RecordKind
+    queued: int
+    start: Any
+    end: Any
+    nbytes: int | None
+
+
 @dataclass(slots=True)
 class LoadedKernel:
     """A compiled, loaded kernel and what is checked before launching it."""
@@ -196,6 +210,8 @@ class CudaServer:
         logger: Per-area logging.
         cache_dir: Kernel cache directory (None: memory cache only).
         zero_copy_read: Reads at least this large return memoryviews of pinned memory.
+        recorder: Keeps a record of each kernel and copy, timed by CUDA events around
+            it (profiling level medium or full).
     """
 
     def __init__(
@@ -209,6 +225,7 @@ class CudaServer:
         logger: ServerLogger | None = None,
         cache_dir: Any = None,
         zero_copy_read: int = ZERO_COPY_READ,
+        recorder: KernelRecorder | None = None,
     ) -> None:
         self._ctx = context
         self._props = properties or device_properties(context.ordinal)
@@ -244,6 +261,8 @@ class CudaServer:
         self._zero_copy = zero_copy_read
         self.sticky: BaseException | None = None
         self.closed = False
+        self.recorder = recorder if recorder is not None else KernelRecorder()
+        self._timed: deque[_TimedOp] = deque()
         self._epoch_event, self._epoch_ns = self._epoch()
 
     def _epoch(self) -> tuple[Any, int]:
@@ -333,7 +352,9 @@ class CudaServer:
         self._retirer.hold(self._streams.streams.get(last[0]).stream, memory)
 
     def staging(self, sizes: Sequence[int], stream: StreamId) -> list[memoryview]:
-        """Pinned host buffers: writes from them need no extra copy."""
+        """Pinned host buffers: writes from them need no extra copy. May run in a worker
+        thread (allocating page-locked memory takes milliseconds)."""
+        self._ctx.make_current()
         return [self._pinned.take(n).view() for n in sizes]
 
     def create_with_data(self, handle: Handle, data: BytesLike, stream: StreamId) -> None:
@@ -380,11 +401,15 @@ class CudaServer:
             if mv.nbytes:
                 jobs.append((self._ptr(desc.binding), _plan(desc), data, mv))
         resolved = self._streams.resolve(stream, [d.binding for d, _ in items])
+        mark = self._mark(resolved.stream) if self.recorder.enabled and jobs else None
         for ptr, plan, data, mv in jobs:
             staged = self._staged.pop(id(data), None)
             src, keep = staged if staged is not None else _stage(self._pinned, mv)
             issue_copy(plan, ptr, src, resolved.stream, to_device=True)
             self._retirer.hold(resolved.stream, keep)
+        if mark is not None:
+            nbytes = sum(mv.nbytes for _, _, _, mv in jobs)
+            self._timed_op(mark, resolved.stream, "write", stream, "copy", nbytes)
 
     def prepare_write(
         self, items: Sequence[tuple[CopyDescriptor, BytesLike]], stream: StreamId
@@ -417,8 +442,11 @@ class CudaServer:
         resolved = self._streams.resolve(stream, [d.binding for d in descriptors])
         size = max(total, 1)
         buf = self._staged_reads.pop(size, None) or self._pinned.take(size)
+        mark = self._mark(resolved.stream) if self.recorder.enabled else None
         for ptr, plan, offset, _ in jobs:
             issue_copy(plan, ptr, buf.ptr + offset, resolved.stream, to_device=False)
+        if mark is not None:
+            self._timed_op(mark, resolved.stream, "read", stream, "copy", total)
         spans = [(offset, n) for _, _, offset, n in jobs]
         big = total >= self._zero_copy
         return self._complete(stream, [resolved.stream], lambda: _unstage(buf, spans, big))
@@ -571,12 +599,15 @@ class CudaServer:
         if not (gx and gy and gz):
             return
         bx, by, bz = loaded.source.block
+        mark = self._mark(resolved.stream) if self.recorder.enabled else None
         (err,) = self._launch(
             loaded.function, gx, gy, gz, bx, by, bz, loaded.source.shared_mem_bytes,
             resolved.stream, params, 0,
         )  # fmt: skip
         if err:
             raise error_from(err, f"cuLaunchKernel({kernel.id})")
+        if mark is not None:
+            self._timed_op(mark, resolved.stream, kernel.id, stream, "kernel", None)
 
     def _encode(self, tmap: Any) -> bytes:
         return encode_tensor_map(tmap.map, self._ptr(tmap.binding))
@@ -673,7 +704,44 @@ class CudaServer:
         """Switch between the auto and persistent pools."""
         self._memory.mode(mode)
 
+    def memory_report(self, stream: StreamId) -> MemoryReport:
+        """Usage, pages and peaks of each device memory pool."""
+        self._retirer.seal()
+        self._release_dropped()
+        return self._memory.report()
+
     # -- profiling ------------------------------------------------------------------
+
+    def _mark(self, cu_stream: Any) -> tuple[int, Any]:
+        """When an operation was queued, and an event recorded just before it."""
+        return time.perf_counter_ns(), self._timing.record(cu_stream)
+
+    def _timed_op(
+        self,
+        mark: tuple[int, Any],
+        cu_stream: Any,
+        name: str,
+        stream: StreamId,
+        kind: RecordKind,
+        nbytes: int | None,
+    ) -> None:
+        queued, start = mark
+        end = self._timing.record(cu_stream)
+        self._timed.append(_TimedOp(name, stream.value, kind, queued, start, end, nbytes))
+
+    def kernel_records(self, stream: StreamId) -> list[KernelRecord]:
+        """Kernels and copies recorded so far, timed by their CUDA events (those whose
+        events the device has not reached yet are added on a later call)."""
+        query = cu().cuEventQuery
+        while self._timed and query(self._timed[0].end)[0] == 0:
+            op = self._timed.popleft()
+            start, end = self._since_epoch(op.start), self._since_epoch(op.end)
+            self._timing.give(op.start)
+            self._timing.give(op.end)
+            self.recorder.record(
+                op.name, op.stream, op.kind, min(op.queued, start), start, end, op.nbytes
+            )
+        return self.recorder.records()
 
     def _barrier(self, stream: StreamId) -> Any:
         """The stream's CUDA stream, made to wait for all work queued on the others."""
@@ -902,4 +970,5 @@ def _options(settings: Settings | None) -> dict[str, Any]:
         "memory": settings.pool_layout(),
         "logger": settings.logger(),
         "cache_dir": comp.cache_dir if comp.cache else None,
+        "recorder": KernelRecorder.from_config(config.profiling),
     }
