@@ -733,8 +733,8 @@ async def _client_figures(out: dict[str, Any]) -> None:
         big = client.empty(size)
         desc = big.copy_descriptor((size,), (1,), 1)
         data = np.full(size, 7, np.uint8)
-        (stage,) = client.server.staging([size], ac.StreamId.current())
-        np.frombuffer(stage, np.uint8)[:] = 9
+        (stage,) = await client.staging([size])  # handed over by write: no snapshot copy
+        stage[:] = 9
         for label, src in (("pageable", data), ("staging", stage)):
             client.write([(desc, src)])
             await client.sync()
