@@ -1,5 +1,7 @@
-"""A sticky device error: the client becomes unhealthy, nothing hangs, and a new client
-works once the old one is closed.
+"""A sticky device error: the client becomes unhealthy, nothing hangs, and once it is
+closed a new client either works or (where the driver keeps refusing the device for the
+rest of the process, as NVIDIA documents for sticky errors) raises a DeviceError that says
+to restart the process.
 
 The scenario runs in a child process: a sticky error may leave the process's CUDA
 context unusable, and the rest of the suite must not depend on how the driver recovers.
@@ -91,4 +93,4 @@ def test_sticky_error_fails_everything_then_a_new_client_works() -> None:
     for key in ("read_after_crash", "sync_after", "sync_again"):
         assert "CUDA_ERROR_ILLEGAL_ADDRESS" in out[key], out
     assert out["close"] != "HUNG", out
-    assert out["new_client"] is True, out
+    assert out["new_client"] is True or "Restart the process" in out["new_client"], out

@@ -39,6 +39,10 @@ class SlowPreparingServer(ac.HostServer):
     def prepare(self, kernel: ac.Kernel, count: Any = None, stream: Any = None) -> Any:
         return self._job(f"prepare {kernel.id}")
 
+    def execute(self, kernel: ac.Kernel, *args: Any) -> None:
+        self.threads.append((f"execute {kernel.id}", threading.get_ident()))
+        super().execute(kernel, *args)
+
     def prepare_write(self, items: Any, stream: Any) -> Any:
         return self._job("write")
 
@@ -65,11 +69,12 @@ async def test_jobs_run_in_worker_threads_and_keep_order() -> None:
     assert [w for w, _ in server.threads] == [
         "write",  # create(a)
         "prepare test_add_f32",
+        "execute test_add_f32",
         "write",
         "read",
         "read",
     ]
-    assert all(t != loop_thread for _, t in server.threads)
+    assert all(t != loop_thread for w, t in server.threads if not w.startswith("execute"))
     await client.close()
 
 
@@ -80,6 +85,7 @@ async def test_a_failed_compile_is_raised_at_the_next_await() -> None:
     client.execute(ADD, blocks(4), add_bindings(a, a, a, 4))
     with pytest.raises(ac.CompilationError, match="expected ';'"):
         await client.sync()
+    assert not any(w.startswith("execute") for w, _ in server.threads)  # launch skipped
     assert await client.read([client.create(b"ok")]) == [b"ok"]
     await client.close()
 

@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from .channel import Channel, State
 from .errors import BufferTooBig, InvalidArgument, ProfileError
+from .jobs import JobThread
 from .kernel import Kernel
 from .memory.management import MemoryReport
 from .profiling import ProfileSummary
@@ -65,6 +66,7 @@ class ComputeClient:
         )
         self._prepare_read: Callable[..., Job | None] | None = getattr(server, "prepare_read", None)
         self._staging: dict[int, weakref.ref[npt.NDArray[np.uint8]]] = {}
+        self._jobs = JobThread(loop)
         self._profile_ids = itertools.count(1)
         self._profiles: dict[int, ProfilingToken] = {}
         self._closing: asyncio.Future[Any] | None = None
@@ -127,9 +129,8 @@ class ComputeClient:
         for n in sizes:
             if not isinstance(n, int) or n < 0:
                 raise InvalidArgument(f"staging sizes must be ints >= 0, got {n!r}")
-        views = await self.loop.run_in_executor(
-            None, self._server.staging, list(sizes), StreamId.current()
-        )
+        stream = StreamId.current()
+        views = await self._jobs.run(lambda: self._server.staging(list(sizes), stream))
         arrays = [np.asarray(v, dtype=np.uint8).reshape(-1) for v in views]
         for array in arrays:
             forget = functools.partial(_forget_staging, self._staging, id(array))
@@ -306,11 +307,11 @@ class ComputeClient:
         ``then(*args)``. A failed job is held for ``stream``: it is raised by ``then`` when
         that is an awaited command, else at the next awaited command on the stream."""
         try:
-            await self.loop.run_in_executor(None, job)
+            await self._jobs.run(job)
         except Exception as exc:
             self._channel.hold(stream, exc)
-            if then is self._channel.fire:
-                return
+            if then == self._channel.fire:  # ==: each access makes a new bound method
+                return  # fire-and-forget: skip the command; the error is held
         then(*args)
 
     def flush(self) -> None:
@@ -448,9 +449,12 @@ class ComputeClient:
         channel = self._channel
         if channel.state is State.OPEN:
             self._closing = channel.begin_close()
-        if self._closing is not None and not self._closing.done():
-            await asyncio.shield(self._closing)
-        await channel.wait_actor()
+        try:
+            if self._closing is not None and not self._closing.done():
+                await asyncio.shield(self._closing)
+            await channel.wait_actor()
+        finally:
+            self._jobs.close()
 
     async def __aenter__(self) -> ComputeClient:
         return self

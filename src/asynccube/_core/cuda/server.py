@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import numpy as np
 
-from ..errors import InvalidArgument, OutOfMemory, ProfileError
+from ..errors import CudaDriverError, DeviceError, InvalidArgument, OutOfMemory, ProfileError
 from ..host.layout import allocation_layout, check_copy
 from ..host.worker import HostCompletion
 from ..kernel import CudaSource, Kernel, block_size
@@ -171,6 +171,13 @@ class Retirer:
         self._inflight.clear()
 
 
+_WARM_KERNEL: Final = Kernel(
+    "asynccube_warm_up",
+    cuda=CudaSource('extern "C" __global__ void asynccube_warm_up() {}', "asynccube_warm_up"),
+)
+"""Compiled and loaded when a server opens, to load NVRTC and the module loader."""
+
+
 @dataclass(frozen=True, slots=True)
 class _TimedOp:
     """A recorded operation whose events the device may not have reached yet."""
@@ -278,10 +285,13 @@ class CudaServer:
 
     def warm(self) -> None:
         """Pay one-off costs now, off the loop: the device pool's first page, pinned
-        buffers of the small size classes, the completion notifier, the gate."""
+        buffers of the small size classes, the completion notifier, and NVRTC and the
+        module loader (their first use loads libraries while holding the GIL for tens of
+        milliseconds, which would freeze the loop even from a worker thread)."""
         self._storage.dealloc(self._storage.alloc(2 << 20).id)
         self._pinned.warm([1 << k for k in range(12, 21)])
         self._notifier = HostFuncNotifier()
+        self._load(_WARM_KERNEL)
 
     @property
     def device(self) -> str:
@@ -953,7 +963,16 @@ async def open_cuda_server(index: int = 0, settings: Settings | None = None) -> 
 
 
 def _build(index: int, options: dict[str, Any]) -> CudaServer:
-    ctx = DeviceContext.open(index)
+    try:
+        ctx = DeviceContext.open(index)
+    except CudaDriverError as exc:
+        if not exc.sticky:
+            raise
+        raise DeviceError(
+            f"GPU {index} cannot be used again in this process: an earlier sticky error "
+            f"({exc.name}) left its CUDA context unusable, and the driver keeps refusing it "
+            "even after the context was reset. Restart the process to use the GPU again."
+        ) from exc
     server = CudaServer(ctx, properties=device_properties(index), **options)
     server.warm()
     return server
