@@ -114,7 +114,7 @@ def main() -> None:
         )
     rows.append(
         [
-            "client.execute alone, until queued (µs)",
+            "client.execute call alone (µs; runs inline when the actor is idle)",
             f"{figures['enqueue_only']:.2f}",
             "-",
             "-",

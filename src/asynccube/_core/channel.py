@@ -1,8 +1,10 @@
 """The channel: one actor task drains a queue of commands into the server.
 
-The client appends commands to a deque and, if the actor sleeps, wakes it; the actor
-runs every queued command in one batch (yielding to the loop every couple of
-milliseconds of work), then sleeps again. Fire-and-forget commands return nothing: an
+When the actor is idle and nothing is queued, the caller runs its command at once, as
+the actor would (same thread, same order), and the server's batch is ended at the end
+of that loop iteration. Otherwise the client appends commands to a deque and wakes the
+actor, which runs every queued command in one batch (yielding to the loop every
+millisecond of work), then sleeps again. Fire-and-forget commands return nothing: an
 error they raise is held for their stream and raised by the next awaited command on that
 stream. Awaited commands resolve an asyncio future through the completion watcher.
 
@@ -53,6 +55,7 @@ class Channel:
         self._pending: set[asyncio.Future[Any]] = set()
         self._death: BaseException | None = None
         self._stop = False
+        self._batch_end_scheduled = False
         self.watcher = CompletionWatcher(loop)
         self._actor = loop.create_task(self._run(), name="asynccube-actor")
 
@@ -78,12 +81,40 @@ class Channel:
         return ClientClosedError("the client is closed; open a new one with open_client()")
 
     def send(self, op: Op, *args: Any) -> None:
-        """Queue a fire-and-forget command."""
+        """Run a command: at once when the actor is idle and nothing is queued (the
+        caller runs it exactly as the actor would, on the same thread, in the same
+        order, and saves a loop iteration), else queued for the actor."""
+        if self._wakeup is not None and not self._queue:
+            self._run_inline(op, args)
+            return
         self._queue.append((op, args))
+        self._wake()
+
+    def _wake(self) -> None:
         wakeup = self._wakeup
         if wakeup is not None:
             self._wakeup = None
             wakeup.set_result(None)
+
+    def _run_inline(self, op: Op, args: tuple[Any, ...]) -> None:
+        try:
+            pending = op(*args)
+        except BaseException as exc:  # as in the actor: a bug kills the channel
+            self._die(exc)
+            return
+        if pending is not None:  # it must wait (e.g. a compile): the actor takes over
+            self._queue.append((_awaited, (pending,)))
+            self._wake()
+        elif self._stop:
+            self._wake()  # let the sleeping actor see _stop and end
+        if not self._batch_end_scheduled:
+            self._batch_end_scheduled = True
+            self.loop.call_soon(self._end_inline_batch)
+
+    def _end_inline_batch(self) -> None:
+        self._batch_end_scheduled = False
+        if self.state is not State.DEAD:
+            self.server.end_batch()
 
     def request(self, op: Op, *args: Any) -> asyncio.Future[Any]:
         """Queue a command whose last argument is the future it resolves; return it."""
@@ -272,6 +303,11 @@ class Channel:
             raise exc
 
         self.send(boom)
+
+
+def _awaited(pending: Awaitable[None]) -> Awaitable[None]:
+    """A queued command that is an awaitable already started inline."""
+    return pending
 
 
 def _error_of(completion: Completion[Any]) -> BaseException | None:

@@ -19,6 +19,8 @@ from ..errors import AsyncCubeError, ExecutionError
 __all__ = ["HostBackend", "HostCompletion", "HostStream"]
 
 T = TypeVar("T")
+MAX_BATCH = 256
+"""Tasks a stream buffers before handing them to its worker (cubecl's ``max_tasks``)."""
 Task = Callable[[], None]
 _names = itertools.count()
 
@@ -101,10 +103,14 @@ class HostStream:
         return f"HostStream({self.name})"
 
     def submit(self, task: Task) -> None:
-        """Run ``task`` after everything submitted before it (once flushed)."""
-        if not self._batch:
+        """Run ``task`` after everything submitted before it (once flushed; a batch is
+        handed over by itself once it holds ``MAX_BATCH`` tasks)."""
+        batch = self._batch
+        if not batch:
             self._dirty.add(self)
-        self._batch.append(task)
+        batch.append(task)
+        if len(batch) >= MAX_BATCH:
+            self.flush()
 
     def flush(self) -> None:
         """Hand the buffered tasks to the worker."""
