@@ -2,7 +2,8 @@
 
 When the actor is idle and nothing is queued, the caller runs its command at once, as
 the actor would (same thread, same order), and the server's batch is ended at the end
-of that loop iteration. Otherwise the client appends commands to a deque and wakes the
+of that loop iteration; past a millisecond of such work in one iteration, commands go
+to the actor, which yields. Otherwise the client appends commands to a deque and wakes the
 actor, which runs every queued command in one batch (yielding to the loop every
 millisecond of work), then sleeps again. Fire-and-forget commands return nothing: an
 error they raise is held for their stream and raised by the next awaited command on that
@@ -56,6 +57,7 @@ class Channel:
         self._death: BaseException | None = None
         self._stop = False
         self._batch_end_scheduled = False
+        self._inline_deadline = 0.0
         self.watcher = CompletionWatcher(loop)
         self._actor = loop.create_task(self._run(), name="asynccube-actor")
 
@@ -84,11 +86,19 @@ class Channel:
         """Run a command: at once when the actor is idle and nothing is queued (the
         caller runs it exactly as the actor would, on the same thread, in the same
         order, and saves a loop iteration), else queued for the actor."""
-        if self._wakeup is not None and not self._queue:
+        if self._wakeup is not None and not self._queue and self._inline_budget():
             self._run_inline(op, args)
             return
         self._queue.append((op, args))
         self._wake()
+
+    def _inline_budget(self) -> bool:
+        """True while this loop iteration has spent less than the batch budget inline."""
+        now = time.perf_counter()
+        if not self._batch_end_scheduled:
+            self._inline_deadline = now + _BATCH_SECONDS
+            return True
+        return now < self._inline_deadline
 
     def _wake(self) -> None:
         wakeup = self._wakeup
