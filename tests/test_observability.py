@@ -121,9 +121,8 @@ async def test_streaming_logs_a_cross_stream_wait(
 @pytest.mark.slow
 def test_config_command_prints_sources(tmp_path: Path) -> None:
     (tmp_path / "asynccube.toml").write_text("[streaming]\nmax_streams = 3\n")
-    env = {"ASYNCCUBE_MEMORY_POOL": "exclusive", "PATH": "/usr/bin:/bin"}
-    if "PYTHONPATH" in os.environ:  # where asynccube runs from a source tree
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCCUBE_")}
+    env["ASYNCCUBE_MEMORY_POOL"] = "exclusive"
     out = subprocess.run(
         [sys.executable, "-m", "asynccube", "config"],
         cwd=tmp_path,
