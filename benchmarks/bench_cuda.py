@@ -1005,19 +1005,24 @@ def _notes(r: dict[str, Any]) -> str:
             "- execute: the CUDA server's own work per launch (binding addresses, "
             "`ArgPacker.get`+`pack`, `MultiStream.resolve`) is about 5 µs on top of the "
             "binding's `cuLaunchKernel` (about 4 µs with pre-packed arguments); the client "
-            "and channel add about 4 µs per command (see the channel section).",
+            "adds about 2-3 µs per command (validation, `StreamId.current()`, the channel; "
+            "an idle actor's caller runs the command itself). Python-level work per launch "
+            "is the limit; the next step is a compiled launch path.",
             "- read 1 KiB / sync: the completion alone (event + `add_done_callback`: one "
             "`cuEventQuery` per loop iteration for 200 µs, then a host-function pipe) takes "
             f"{_fmt(rt.get('channel_watcher'))} µs after an empty kernel "
             f"(raw `cuStreamSynchronize`: {_fmt(rt.get('raw_stream_sync'))} µs); the rest is "
-            "the client -> actor -> watcher -> future hops, each a loop iteration of a few "
-            "µs, plus the server's read (about 7 µs).",
-            "- 256 MiB write: `client.write` snapshots the data (`as_bytes` copies it), "
-            "staging buffers included; the server alone writes from a staging buffer at "
-            "the pinned rate and from pageable bytes at the host memcpy rate "
-            f"({_fmt(st.get('host_memcpy_256MiB_GBs'))} GB/s single-threaded).",
-            "- pooled alloc+free: each `client.empty` is one channel command; the server's "
-            "own create + release is about 3 µs.",
+            "loop iterations (the future resolved, the awaiting task resumed: a few µs each "
+            "in asyncio's pure-Python loop) plus the server's read (about 7 µs). Figures "
+            "vary between H100 machines: another run of the same code measured 35 µs for "
+            "the read and 23 µs for the sync.",
+            "- 256 MiB write: from pageable bytes, `client.write` snapshots the data (a "
+            "copy, so later changes to the array do not leak in); from a buffer of "
+            "`await client.staging(...)` it is handed over and runs at the pinned rate. "
+            f"Host memcpy, single-threaded: {_fmt(st.get('host_memcpy_256MiB_GBs'))} GB/s.",
+            "- pooled alloc+free: each `client.empty` is one command through the client "
+            "(about 2-3 µs) and the server's create + release (about 3 µs); the memory "
+            "manager's own reserve + free is about 1.5 µs (see the memory section).",
             "",
             "Command: `scripts/gpu-check python3 benchmarks/bench_cuda.py` on the GPU "
             "machine (tool `run`, carry `.whl`); figures from one run, best of 3-4 rounds or "
