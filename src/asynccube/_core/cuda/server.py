@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import numpy as np
 
 from ..errors import CudaDriverError, DeviceError, InvalidArgument, OutOfMemory, ProfileError
-from ..host.layout import allocation_layout, check_copy
+from ..host.layout import check_copy
 from ..host.worker import HostCompletion
 from ..kernel import CudaSource, Kernel, block_size
 from ..logging import ServerLogger
@@ -48,16 +48,15 @@ from ..memory.slice import SliceHandle
 from ..memory.table import SliceTable
 from ..profiling import KernelRecord, KernelRecorder, RecordKind
 from ..server import BindingResource, BytesLike, DeviceProperties
+from ..slice_server import SliceServer
 from ..stream.multi import MultiStream
 from ..stream_id import StreamId
 from ..types import (
-    AllocationDescriptor,
     Binding,
     Bindings,
     CopyDescriptor,
     CubeCount,
     ExecutionMode,
-    Handle,
     MemoryAllocationMode,
     MemoryUsage,
     ProfileDuration,
@@ -205,7 +204,7 @@ class LoadedKernel:
     problem: str | None = None
 
 
-class CudaServer:
+class CudaServer(SliceServer[SliceHandle]):
     """The CUDA server. See the module docstring.
 
     Args:
@@ -220,6 +219,8 @@ class CudaServer:
         recorder: Keeps a record of each kernel and copy, timed by CUDA events around
             it (profiling level medium or full).
     """
+
+    row_align = _ROW_ALIGN
 
     def __init__(
         self,
@@ -310,35 +311,11 @@ class CudaServer:
 
     # -- allocation ---------------------------------------------------------------
 
-    def layout(self, descriptor: AllocationDescriptor) -> tuple[int, tuple[int, ...]]:
-        """Bytes and strides of ``descriptor`` (OPTIMIZED rows pitched to 256 bytes)."""
-        return allocation_layout(descriptor, _ROW_ALIGN)
-
-    def new_handle(self, size: int, stream: StreamId) -> Handle:
-        """Mint a handle; memory is bound by ``create``."""
-        return self._table.new_handle(size, stream)
-
-    def create(self, handles: Sequence[Handle], stream: StreamId) -> None:
-        """Reserve device memory for each minted handle."""
-        self._release_dropped()
-        cursor = self._streams.resolve(stream, ()).cursor
-        for handle in handles:
-            self._reserve(handle, stream, cursor)
-
-    def _reserve(self, handle: Handle, stream: StreamId, cursor: int) -> None:
-        handle_id = handle.memory.id
-        try:
-            memory = self._reserve_slice(handle.buffer_size)
-        except BaseException as exc:
-            self._table.fail(handle_id, exc)
-            raise
-        self._table.bind(handle_id, memory)
-        handle.cursor = cursor
-        stamp = (stream, cursor)
-        self._streams.last_use[handle_id] = stamp
+    def _created(self, handle_id: int, stamp: tuple[StreamId, int]) -> None:
+        super()._created(handle_id, stamp)
         self._created_at[handle_id] = stamp
 
-    def _reserve_slice(self, size: int) -> SliceHandle:
+    def _allocate(self, size: int) -> SliceHandle:
         try:
             return self._memory.reserve(size)
         except OutOfMemory:
@@ -366,12 +343,6 @@ class CudaServer:
         thread (allocating page-locked memory takes milliseconds)."""
         self._ctx.make_current()
         return [self._pinned.take(n).view() for n in sizes]
-
-    def create_with_data(self, handle: Handle, data: BytesLike, stream: StreamId) -> None:
-        """Reserve ``handle`` and copy ``data`` into it."""
-        self.create([handle], stream)
-        size = handle.buffer_size
-        self.write([(handle.copy_descriptor((size,), (1,), 1), data)], stream)
 
     def _ptr(self, binding: Binding) -> int:
         """The device address of ``binding``'s first byte (offsets applied, range checked)."""

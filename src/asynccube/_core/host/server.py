@@ -27,23 +27,22 @@ from ..memory.storage import BytesStorage
 from ..memory.table import SliceTable
 from ..profiling import KernelRecord, KernelRecorder, RecordKind
 from ..server import BindingResource, BytesLike, DeviceProperties
+from ..slice_server import SliceServer
 from ..stream.multi import MultiStream
 from ..stream_id import StreamId
 from ..types import (
-    AllocationDescriptor,
     Binding,
     Bindings,
     CopyDescriptor,
     CubeCount,
     ExecutionMode,
-    Handle,
     MemoryAllocationMode,
     MemoryUsage,
     ProfileDuration,
     ProfilingToken,
     TimingMethod,
 )
-from .layout import allocation_layout, check_copy, gather, scatter
+from .layout import check_copy, gather, scatter
 from .worker import HostBackend, HostCompletion, HostStream
 
 __all__ = ["HostServer"]
@@ -56,7 +55,7 @@ View = npt.NDArray[np.uint8]
 _ROW_ALIGN = 64
 
 
-class HostServer:
+class HostServer(SliceServer[_Bound]):
     """The numpy server. See the module docstring.
 
     Args:
@@ -65,6 +64,8 @@ class HostServer:
         logger: Per-area logging (streaming, memory).
         recorder: Keeps a record of each kernel and copy (profiling level medium/full).
     """
+
+    row_align = _ROW_ALIGN
 
     def __init__(
         self,
@@ -105,32 +106,9 @@ class HostServer:
 
     # -- allocation ---------------------------------------------------------------
 
-    def layout(self, descriptor: AllocationDescriptor) -> tuple[int, tuple[int, ...]]:
-        """Bytes and strides of ``descriptor`` (OPTIMIZED rows padded to 64 bytes)."""
-        return allocation_layout(descriptor, _ROW_ALIGN)
-
-    def new_handle(self, size: int, stream: StreamId) -> Handle:
-        """Mint a handle; memory is bound by ``create``."""
-        return self._table.new_handle(size, stream)
-
-    def create(self, handles: Sequence[Handle], stream: StreamId) -> None:
-        """Reserve memory for each minted handle."""
-        self._release_dropped()
-        cursor = self._streams.resolve(stream, ()).cursor
-        for handle in handles:
-            self._reserve(handle, stream, cursor)
-
-    def _reserve(self, handle: Handle, stream: StreamId, cursor: int) -> None:
-        handle_id = handle.memory.id
-        try:
-            memory = self._memory.reserve(handle.buffer_size)
-            view = self._memory.resource(memory, 0, handle.buffer_size)
-            self._table.bind(handle_id, (memory, view))
-        except BaseException as exc:
-            self._table.fail(handle_id, exc)
-            raise
-        handle.cursor = cursor
-        self._streams.last_use[handle_id] = (stream, cursor)
+    def _allocate(self, size: int) -> _Bound:
+        memory = self._memory.reserve(size)
+        return memory, self._memory.resource(memory, 0, size)
 
     def _release_dropped(self) -> None:
         self._table.drain(self._forget)
@@ -141,12 +119,6 @@ class HostServer:
     def staging(self, sizes: Sequence[int], stream: StreamId) -> list[memoryview]:
         """Plain host buffers (host memory is already as fast as it gets); thread-safe."""
         return [memoryview(np.empty(n, np.uint8)) for n in sizes]  # type: ignore[arg-type]
-
-    def create_with_data(self, handle: Handle, data: BytesLike, stream: StreamId) -> None:
-        """Reserve ``handle`` and copy ``data`` into it."""
-        self.create([handle], stream)
-        size = handle.buffer_size
-        self.write([(handle.copy_descriptor((size,), (1,), 1), data)], stream)
 
     # -- I/O ------------------------------------------------------------------------
 
