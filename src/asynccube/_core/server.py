@@ -19,6 +19,7 @@ from .memory.management import MemoryReport
 from .profiling import KernelRecord
 from .stream_id import StreamId
 from .types import (
+    Allocation,
     AllocationDescriptor,
     Binding,
     Bindings,
@@ -130,6 +131,13 @@ class ComputeServer(Protocol):
         A failed reservation raises (BufferTooBig, OutOfMemory) and leaves the handle
         invalid; later uses of it raise InvalidHandle naming the cause.
         """
+        ...
+
+    def allocate(
+        self, descriptors: Sequence[AllocationDescriptor], stream: StreamId
+    ) -> list[Allocation]:
+        """cubecl's ``create`` with allocation descriptors: mint, reserve, and return
+        each handle with its strides."""
         ...
 
     def staging(self, sizes: Sequence[int], stream: StreamId) -> list[memoryview]:

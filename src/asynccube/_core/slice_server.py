@@ -11,7 +11,7 @@ from .memory.table import SliceTable
 from .server import BytesLike
 from .stream.multi import MultiStream
 from .stream_id import StreamId
-from .types import AllocationDescriptor, CopyDescriptor, Handle
+from .types import Allocation, AllocationDescriptor, CopyDescriptor, Handle
 
 __all__ = ["SliceServer"]
 
@@ -47,6 +47,17 @@ class SliceServer(Generic[M]):
         cursor = self._streams.resolve(stream, ()).cursor
         for handle in handles:
             self._reserve(handle, stream, cursor)
+
+    def allocate(
+        self, descriptors: Sequence[AllocationDescriptor], stream: StreamId
+    ) -> list[Allocation]:
+        """cubecl's ``create``: reserve memory for each descriptor and return the handles
+        with their strides (for driving a server directly; the client mints handles
+        itself and calls ``create``)."""
+        layouts = [self.layout(d) for d in descriptors]
+        handles = [self.new_handle(size, stream) for size, _ in layouts]
+        self.create(handles, stream)
+        return [Allocation(h, strides) for h, (_, strides) in zip(handles, layouts, strict=True)]
 
     def create_with_data(self, handle: Handle, data: BytesLike, stream: StreamId) -> None:
         """Reserve ``handle`` and copy ``data`` into it."""
