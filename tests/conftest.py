@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import sys
@@ -18,11 +19,18 @@ from asynccube._core.devices import probe_gpus
 from .lagprobe import MAX_LAG_SECONDS, LoopLagProbe
 
 _GPU = probe_gpus()
+LAG_FAILURE = "the event loop was blocked"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # Worker threads holding the GIL for the default 5 ms would read as a blocked loop.
     sys.setswitchinterval(0.0002)
+    # A test whose only failure is one loop-lag spike is run once more: contention for
+    # the GIL on a loaded two-core machine can stretch a callback past 5 ms now and then,
+    # while code that really blocks the loop fails every run. Nothing else is retried.
+    if config.pluginmanager.hasplugin("rerunfailures") and not config.option.reruns:
+        config.option.reruns = 1
+        config.option.only_rerun = [LAG_FAILURE]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -49,15 +57,13 @@ def _with_lag_probe(test: Callable[..., Awaitable[None]]) -> Callable[..., Await
     async def probed(*args: Any, **kwargs: Any) -> None:
         probe = LoopLagProbe()
         probe.start()
+        await asyncio.sleep(0)  # the body starts in a new loop step, which the probe times
         try:
             await test(*args, **kwargs)
         finally:
             worst = await probe.stop()
         if worst > MAX_LAG_SECONDS:
-            pytest.fail(
-                f"the event loop was blocked for {worst * 1e3:.1f} ms (limit 5 ms) by "
-                f"{probe.culprit}"
-            )
+            pytest.fail(f"{LAG_FAILURE} for {worst * 1e3:.1f} ms (limit 5 ms) by {probe.culprit}")
 
     return probed
 
