@@ -25,6 +25,7 @@ everything in the context, including CuPy's or PyTorch's allocations in this pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import itertools
 import struct
@@ -935,17 +936,32 @@ async def open_cuda_server(index: int = 0, settings: Settings | None = None) -> 
 
 def _build(index: int, options: dict[str, Any]) -> CudaServer:
     try:
-        ctx = DeviceContext.open(index)
+        return _build_once(index, options)
+    except CudaDriverError as exc:
+        if not exc.sticky:
+            raise
+    time.sleep(0.2)  # a closed client's teardown may still be releasing the context
+    try:
+        return _build_once(index, options)
     except CudaDriverError as exc:
         if not exc.sticky:
             raise
         raise DeviceError(
             f"GPU {index} cannot be used again in this process: an earlier sticky error "
-            f"({exc.name}) left its CUDA context unusable, and the driver keeps refusing it "
-            "even after the context was reset. Restart the process to use the GPU again."
+            f"left its CUDA context unusable ({exc.name}), and the driver keeps refusing "
+            "it after the context was reset. Restart the process to use the GPU again."
         ) from exc
-    server = CudaServer(ctx, properties=device_properties(index), **options)
-    server.warm()
+
+
+def _build_once(index: int, options: dict[str, Any]) -> CudaServer:
+    ctx = DeviceContext.open(index)
+    try:
+        server = CudaServer(ctx, properties=device_properties(index), **options)
+        server.warm()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            ctx.close()
+        raise
     return server
 
 
