@@ -123,6 +123,9 @@ def test_config_command_prints_sources(tmp_path: Path) -> None:
     (tmp_path / "asynccube.toml").write_text("[streaming]\nmax_streams = 3\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ASYNCCUBE_")}
     env["ASYNCCUBE_MEMORY_POOL"] = "exclusive"
+    if "PYTHONPATH" in env:  # a source tree on a relative path: keep it valid from tmp_path
+        paths = env["PYTHONPATH"].split(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in paths if p)
     out = subprocess.run(
         [sys.executable, "-m", "asynccube", "config"],
         cwd=tmp_path,
