@@ -4,7 +4,10 @@ Two paths, picked per completion:
 
 * A completion that can notify (``add_done_callback``) is resolved from its callback:
   directly when it calls back on the loop's thread (``calls_back_on_loop``, as CUDA
-  completions do), else through ``loop.call_soon_threadsafe`` (host workers).
+  completions do), else through ``loop.call_soon_threadsafe`` (host workers). A CUDA
+  completion is first polled for up to 30 µs without yielding, so short work resolves
+  before its caller suspends (host completions are not: spinning would hold the GIL
+  their worker threads need).
 * Any other completion (a CUDA event) is polled with ``done()`` from one poller task,
   yielding to the loop between rounds (``await asyncio.sleep(0)``), for a short spin
   budget; a completion still pending after that is handed to a waiter thread, which
@@ -41,11 +44,18 @@ class CompletionWatcher:
     Args:
         loop: The loop that owns the futures.
         spin_seconds: How long a completion is polled before a waiter thread takes it.
+        sync_spin_seconds: How long a loop-thread completion is polled without yielding.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, spin_seconds: float = 200e-6) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        spin_seconds: float = 200e-6,
+        sync_spin_seconds: float = 30e-6,
+    ) -> None:
         self._loop = loop
         self._spin = spin_seconds
+        self._sync_spin = sync_spin_seconds
         self._polling: list[tuple[Completion[Any], Sink, float]] = []
         self._poller: asyncio.Task[None] | None = None
         self._waiters: ThreadPoolExecutor | None = None
@@ -56,6 +66,9 @@ class CompletionWatcher:
         if completion.done():
             sink(completion)
         elif getattr(completion, "calls_back_on_loop", False):
+            if self._spin_now(completion):
+                sink(completion)
+                return
             notify: _Notifying = completion  # type: ignore[assignment]
             notify.add_done_callback(functools.partial(sink, completion))
         elif hasattr(completion, "add_done_callback"):
@@ -66,6 +79,15 @@ class CompletionWatcher:
             self._polling.append((completion, sink, time.perf_counter() + self._spin))
             if self._poller is None:
                 self._poller = self._loop.create_task(self._poll(), name="asynccube-poller")
+
+    def _spin_now(self, completion: Completion[Any]) -> bool:
+        """Poll ``done()`` without yielding for up to ``sync_spin_seconds`` (tens of µs):
+        a short copy or kernel then resolves before its caller even suspends."""
+        deadline = time.perf_counter() + self._sync_spin
+        while time.perf_counter() < deadline:
+            if completion.done():
+                return True
+        return False
 
     async def _poll(self) -> None:
         try:
