@@ -1013,8 +1013,10 @@ def _notes(r: dict[str, Any]) -> str:
             f"{_fmt(rt.get('channel_watcher'))} µs after an empty kernel "
             f"(raw `cuStreamSynchronize`: {_fmt(rt.get('raw_stream_sync'))} µs); the rest is "
             "loop iterations (the future resolved, the awaiting task resumed: a few µs each "
-            "in asyncio's pure-Python loop) plus the server's read (about 7 µs). Figures "
-            "vary between H100 machines: over five runs of this session, 35-68 µs for the "
+            "in asyncio's pure-Python loop; a CUDA completion is first polled for 30 µs without "
+            "yielding, so short work often completes before the caller suspends) plus the "
+            "Python work of the client and the server's read (about 7 µs). Figures "
+            "vary between H100 machines: over six runs of this session, 35-68 µs for the "
             "read, 23-54 µs for the sync, 7-23 µs for alloc+free, and 2.26-2.60x for the "
             "four tasks.",
             "- 256 MiB write: from pageable bytes, `client.write` snapshots the data (a "
