@@ -49,6 +49,24 @@ async def test_timeline_has_one_track_per_stream_and_one_event_per_kernel(
 
 
 @pytest.mark.asyncio
+async def test_timeline_records_cross_stream_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASYNCCUBE_PROFILING_LEVEL", "medium")
+    async with ac.open_client("host") as client:
+        shared = client.create(np.ones(64, np.float32))
+
+        async def other() -> None:
+            out = client.empty(256)
+            client.execute(ADD, blocks(64), add_bindings(shared, shared, out, 64))
+            await client.read([out])
+
+        await asyncio.create_task(other())
+        timeline = await client.timeline()
+    waits = [r for r in timeline.records if r.kind == "wait"]
+    assert waits, "the other task's stream waited for the creating stream"
+    assert all(r.name.startswith("wait ") and r.end_ns >= r.start_ns for r in waits)
+
+
+@pytest.mark.asyncio
 async def test_nothing_is_recorded_when_profiling_is_disabled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

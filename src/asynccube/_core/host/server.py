@@ -85,6 +85,8 @@ class HostServer(SliceServer[_Bound]):
         )
         self._profiles: dict[int, HostCompletion[int]] = {}
         self.recorder = recorder if recorder is not None else KernelRecorder()
+        if self.recorder.enabled:
+            self._streams.record_wait = self._recorded_wait
         self._tokens = itertools.count(1)
         self._properties = DeviceProperties(
             name="numpy host server",
@@ -278,6 +280,14 @@ class HostServer(SliceServer[_Bound]):
     def allocation_mode(self, mode: MemoryAllocationMode, stream: StreamId) -> None:
         """Switch between the auto and persistent pools."""
         self._memory.mode(mode)
+
+    def _recorded_wait(
+        self, target: HostStream, event: threading.Event, stream: StreamId, origin: int
+    ) -> None:
+        def wait() -> None:
+            event.wait()
+
+        target.submit(_recorded(wait, self.recorder, f"wait {origin}", stream.value, "wait", None))
 
     def memory_report(self, stream: StreamId) -> MemoryReport:
         """Usage, pages and peaks of each pool."""

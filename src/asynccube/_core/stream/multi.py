@@ -14,7 +14,7 @@ place by a kernel on task A's stream and then bound on task B's stream is seen c
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -134,6 +134,9 @@ class MultiStream(Generic[St, Ev]):
         self.max_streams = max_streams
         self.logger = logger
         self.last_use: dict[int, tuple[StreamId, int]] = {}
+        self.record_wait: Callable[[St, Ev, StreamId, int], None] | None = None
+        """When set (profiling), makes a stream wait for an event instead of
+        ``backend.wait_event``, recording the wait: (stream, event, waiting id, origin)."""
 
     def stream_index(self, stream_id: StreamId) -> int:
         """The slot of ``stream_id``."""
@@ -216,7 +219,10 @@ class MultiStream(Generic[St, Ev]):
             current.last_synced[origin] = cursor
             if self.logger.streaming:
                 self.logger.log_streaming(LogLevel.BASIC, f"Waiting on {origin} from {stream_id}")
-            self.backend.wait_event(current.stream, event)
+            if self.record_wait is not None:
+                self.record_wait(current.stream, event, stream_id, origin)
+            else:
+                self.backend.wait_event(current.stream, event)
 
     def gc_stream(self) -> St:
         """The special GC stream."""
