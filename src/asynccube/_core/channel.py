@@ -282,6 +282,9 @@ class Channel:
         self._death = exc
         self.state = State.DEAD
         self._stop = True
+        for op, args in self._queue:
+            if op is _awaited:
+                args[0].close()  # a started-inline command that will never run
         self._queue.clear()
         wakeup, self._wakeup = self._wakeup, None
         if wakeup is not None and not wakeup.done():
