@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import numpy as np
 
+from ..bindings import Bindings, CubeCount
 from ..errors import CudaDriverError, DeviceError, InvalidArgument, OutOfMemory, ProfileError
 from ..host.layout import check_copy
 from ..host.worker import HostCompletion
@@ -54,9 +55,7 @@ from ..stream.multi import MultiStream
 from ..stream_id import StreamId
 from ..types import (
     Binding,
-    Bindings,
     CopyDescriptor,
-    CubeCount,
     ExecutionMode,
     MemoryAllocationMode,
     MemoryUsage,
