@@ -25,6 +25,7 @@ def _info(args: argparse.Namespace) -> int:
     for pkg in ("cuda-bindings", "cuda-core", "nvidia-cuda-nvrtc", "numpy", "anyio"):
         print(f"  {pkg:<18} {_version(pkg)}")
     print(f"  {'nvrtc':<18} {_nvrtc_version()}")
+    print(f"hot path: {_hot_path()}")
     probe = probe_gpus()
     print("devices:")
     print("  host               numpy host server (always available)")
@@ -51,6 +52,13 @@ def _nvrtc_version() -> str:
     except Exception as exc:
         return f"unavailable ({exc})"
     return f"{major}.{minor}"
+
+
+def _hot_path() -> str:
+    from ._core.cuda import hotpath
+
+    kind = "compiled (C extension)" if hotpath.ACTIVE == "native" else "pure Python"
+    return f"{kind}: {hotpath.REASON}"
 
 
 def _config(args: argparse.Namespace) -> int:

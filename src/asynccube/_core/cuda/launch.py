@@ -17,6 +17,7 @@ from ..stream_id import StreamId
 from ..types import ExecutionMode
 from .abi import Signature
 from .driver import check, cu, error_from
+from .hotpath import hot
 from .state import LoadedKernel
 from .timing import ProfileOps
 from .tma import encode_tensor_map
@@ -125,16 +126,17 @@ class LaunchOps(ProfileOps):
         if mode is ExecutionMode.CHECKED:
             self._check_launch(kernel, loaded, grid)
         resolved = self._streams.resolve(stream, used)
-        meta = bindings.metadata.data
-        params = pack.pack(pointers, scalars, meta if meta.size else None, maps)
         gx, gy, gz = grid
         if not (gx and gy and gz):
             return
+        meta = bindings.metadata.data
         bx, by, bz = loaded.source.block
         mark = self._mark(resolved.stream) if self.recorder.enabled else None
-        (err,) = self._launch(
-            loaded.function, gx, gy, gz, bx, by, bz, loaded.source.shared_mem_bytes,
-            resolved.stream, params, 0,
+        err = self._launch(
+            pack.state, loaded.function, gx, gy, gz, bx, by, bz,
+            loaded.source.shared_mem_bytes, resolved.stream, pointers,
+            [s.data for s in scalars] if scalars else None, meta if meta.size else None,
+            maps or None,
         )  # fmt: skip
         if err:
             raise error_from(err, f"cuLaunchKernel({kernel.id})")
@@ -200,17 +202,27 @@ def _max_threads(function: Any) -> int:
 
 
 def _param_sizes(function: Any) -> tuple[int, ...] | None:
-    d = cu()
-    get = getattr(d, "cuFuncGetParamInfo", None)
+    """The byte size of each of the kernel's parameters (None: the driver cannot say).
+
+    Asks ``cuFuncGetParamCount`` first, so that ``cuFuncGetParamInfo`` is never called
+    past the last parameter (a failing call that compute-sanitizer reports); drivers
+    without it are probed as before."""
+    answer = hot.param_sizes(function)
+    if answer is not None:
+        err, sizes = answer
+        if err:
+            raise error_from(err, "cuFuncGetParamCount/cuFuncGetParamInfo")
+        return sizes
+    get = getattr(cu(), "cuFuncGetParamInfo", None)
     if get is None:
         return None
-    sizes = []
+    probed = []
     for index in range(1024):
         res = get(function, index)
         if res[0]:
             break
-        sizes.append(int(res[2]))
-    return tuple(sizes)
+        probed.append(int(res[2]))
+    return tuple(probed)
 
 
 def _check_signature(kernel: Kernel, loaded: LoadedKernel, sig: Signature) -> None:

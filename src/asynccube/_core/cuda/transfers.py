@@ -6,10 +6,9 @@ off the loop (``prepare_write``/``prepare_read``), ``staging`` and ``get_resourc
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, Final
-
-import numpy as np
 
 from ..host.layout import check_copy
 from ..server import BindingResource, BytesLike
@@ -17,7 +16,7 @@ from ..stream_id import StreamId
 from ..types import Binding, CopyDescriptor
 from .completion import CudaCompletion
 from .copies import CopyPlan, issue_copy, plan_copy
-from .driver import cu
+from .hotpath import hot
 from .storage import PinnedBuffer, PinnedPool
 from .timing import ProfileOps
 
@@ -27,6 +26,12 @@ ZERO_COPY_READ: Final = 1 << 20
 """Reads of at least this many bytes come back as memoryviews of pinned memory."""
 INLINE_BYTES: Final = 1 << 20
 """Pageable data above this size is staged by ``prepare_write``'s worker-thread job."""
+
+COPY_SPLIT: Final = 1 << 20
+"""Host copies into staging buffers of at least this many bytes go through
+``hot.copy_into`` (GIL released; split over threads from 16 MiB)."""
+COPY_THREADS: Final = max(1, min(8, os.cpu_count() or 1))
+"""Threads a large host copy is split over."""
 
 
 class TransferOps(ProfileOps):
@@ -139,15 +144,10 @@ def _plan(desc: CopyDescriptor) -> CopyPlan:
     return plan_copy(desc.shape, desc.strides, desc.elem_size)
 
 
-def _address(mv: memoryview) -> int:
-    return int(np.frombuffer(mv, np.uint8).ctypes.data)
-
-
 def _is_pinned(addr: int) -> bool:
-    d = cu()
-    attr = d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-    err, kind = d.cuPointerGetAttribute(attr, addr)
-    return not err and int(kind) == int(d.CUmemorytype.CU_MEMORYTYPE_HOST)
+    """Page-locked host memory? (``cuPointerGetAttributes``, which answers "not CUDA
+    memory" without failing, unlike ``cuPointerGetAttribute``.)"""
+    return hot.is_pinned(addr)
 
 
 def _nbytes(data: BytesLike) -> int:
@@ -167,11 +167,14 @@ def _desc_nbytes(desc: CopyDescriptor) -> int:
 def _stage(pinned: PinnedPool, mv: memoryview) -> tuple[int, object]:
     """``(address, owner)`` of page-locked bytes equal to ``mv``: ``mv`` itself when it
     already is page-locked, else a pinned buffer filled with a copy."""
-    addr = _address(mv)
+    addr = hot.address(mv)
     if _is_pinned(addr):
         return addr, mv
     buf = pinned.take(mv.nbytes)
-    ctypes.memmove(buf.ptr, addr, mv.nbytes)
+    if mv.nbytes < COPY_SPLIT:
+        ctypes.memmove(buf.ptr, addr, mv.nbytes)
+    else:  # the GIL released, several threads for large copies
+        hot.copy_into(buf.array(), mv, COPY_THREADS)
     return buf.ptr, buf
 
 
