@@ -76,6 +76,15 @@ static int as_u64(PyObject *o, const char *what, unsigned long long *out) {
     return 0;
 }
 
+/* A driver handle: None is the null handle (as in cuda.bindings). */
+static int as_handle(PyObject *o, const char *what, unsigned long long *out) {
+    if (o == Py_None) {
+        *out = 0;
+        return 0;
+    }
+    return as_u64(o, what, out);
+}
+
 static int as_u32(PyObject *o, const char *what, unsigned *out) {
     unsigned long long v;
     if (as_u64(o, what, &v) < 0) return -1;
@@ -244,8 +253,11 @@ static PyObject *pack_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     }
     s->ptr_offset = ptr_offset;
     s->n_ptrs = n_ptrs;
-    if (n_ptrs < 0 || n_ptrs > PY_SSIZE_T_MAX / 8 ||
-        in_storage(s, ptr_offset, 8 * n_ptrs, "the pointers") < 0 || check_params(s) < 0)
+    if (n_ptrs < 0 || n_ptrs > PY_SSIZE_T_MAX / 8) {
+        bad("n_ptrs must be in [0, %zd), got %zd", PY_SSIZE_T_MAX / 8, n_ptrs);
+        goto fail;
+    }
+    if (in_storage(s, ptr_offset, 8 * n_ptrs, "the pointers") < 0 || check_params(s) < 0)
         goto fail;
     if (read_slots(scalars, &s->scalar_off, &s->scalar_cap, &s->n_scalars, "scalars") < 0 ||
         read_slots(maps, &s->map_off, NULL, &s->n_maps, "tensor_maps") < 0)
@@ -347,11 +359,11 @@ static PyObject *launch(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     unsigned d[7];
     static const char *dims[] = {"grid x", "grid y", "grid z", "block x",
                                  "block y", "block z", "shared memory bytes"};
-    if (as_u64(a[1], "function", &fn) < 0) return NULL;
+    if (as_handle(a[1], "function", &fn) < 0) return NULL;
     if (fn == 0) return bad("function must be a loaded kernel, got 0");
     for (int i = 0; i < 7; i++)
         if (as_u32(a[2 + i], dims[i], &d[i]) < 0) return NULL;
-    if (as_u64(a[9], "stream", &stream) < 0 || fill_pointers(s, a[10]) < 0) return NULL;
+    if (as_handle(a[9], "stream", &stream) < 0 || fill_pointers(s, a[10]) < 0) return NULL;
     if (a[11] != Py_None &&
         fill_group(s, a[11], s->n_scalars, s->scalar_off, s->scalar_cap, "scalar groups") < 0)
         return NULL;
@@ -371,7 +383,8 @@ static PyObject *launch(PyObject *self, PyObject *const *a, Py_ssize_t n) {
 
 static PyObject *two_handles(PyObject *const *a, Py_ssize_t n, const char *name,
                              const char *w0, const char *w1, unsigned long long *h) {
-    if (nargs_ok(n, 2, name) < 0 || as_u64(a[0], w0, &h[0]) < 0 || as_u64(a[1], w1, &h[1]) < 0)
+    if (nargs_ok(n, 2, name) < 0 || as_handle(a[0], w0, &h[0]) < 0 ||
+        as_handle(a[1], w1, &h[1]) < 0)
         return NULL;
     if (need_driver() < 0) return NULL;
     return Py_None;
@@ -391,7 +404,7 @@ static PyObject *stream_wait_event(PyObject *self, PyObject *const *a, Py_ssize_
 
 static PyObject *event_query(PyObject *self, PyObject *event) {
     unsigned long long h;
-    if (as_u64(event, "event", &h) < 0 || need_driver() < 0) return NULL;
+    if (as_handle(event, "event", &h) < 0 || need_driver() < 0) return NULL;
     return PyLong_FromLong(cu.event_query((CUh)(uintptr_t)h));
 }
 
@@ -403,9 +416,10 @@ static PyObject *memcpy_async(PyObject *self, PyObject *const *a, Py_ssize_t n) 
     int to_device = PyObject_IsTrue(a[0]);
     if (to_device < 0 || as_u64(a[1], "device address", &dev) < 0 ||
         as_u64(a[2], "host address", &host) < 0 || as_size(a[3], "nbytes", &nbytes) < 0 ||
-        as_u64(a[4], "stream", &stream) < 0 || need_driver() < 0)
+        as_handle(a[4], "stream", &stream) < 0)
         return NULL;
     if (host == 0 && nbytes) return bad("host address must not be 0");
+    if (need_driver() < 0) return NULL;
     CUresult err = to_device
                        ? cu.htod(dev, (const void *)(uintptr_t)host, nbytes, (CUh)(uintptr_t)stream)
                        : cu.dtoh((void *)(uintptr_t)host, dev, nbytes, (CUh)(uintptr_t)stream);
@@ -419,17 +433,19 @@ static void close_fd(void *data) { close((int)(intptr_t)data); }
 static PyObject *notify_close(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     unsigned long long stream;
     unsigned fd;
-    if (nargs_ok(n, 2, "notify_close") < 0 || as_u64(a[0], "stream", &stream) < 0 ||
-        as_u32(a[1], "fd", &fd) < 0 || need_driver() < 0)
+    if (nargs_ok(n, 2, "notify_close") < 0 || as_handle(a[0], "stream", &stream) < 0 ||
+        as_u32(a[1], "fd", &fd) < 0)
         return NULL;
     if (fd > INT32_MAX) return bad("fd out of range: %u", fd);
+    if (need_driver() < 0) return NULL;
     return PyLong_FromLong(cu.host_func((CUh)(uintptr_t)stream, close_fd, (void *)(intptr_t)fd));
 }
 
 static PyObject *param_sizes(PyObject *self, PyObject *function) {
     unsigned long long fn;
-    if (as_u64(function, "function", &fn) < 0 || need_driver() < 0) return NULL;
+    if (as_handle(function, "function", &fn) < 0) return NULL;
     if (fn == 0) return bad("function must be a loaded kernel, got 0");
+    if (need_driver() < 0) return NULL;
     if (cu.param_count == NULL || cu.param_info == NULL) Py_RETURN_NONE;
     size_t count = 0, off, size;
     CUresult err = cu.param_count((CUh)(uintptr_t)fn, &count);

@@ -38,6 +38,8 @@ __all__ = [
 _BIG: Final = 1 << 20
 _SPLIT: Final = 16 << 20
 _state: dict[str, Any] = {}
+_d: Any = None
+"""``cuda.bindings.driver`` once :func:`open_driver` succeeded."""
 
 
 def open_driver() -> None:
@@ -57,6 +59,8 @@ def open_driver() -> None:
     _state["close"] = _libc_close_address()
     _state["attr"] = d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
     _state["host"] = int(d.CUmemorytype.CU_MEMORYTYPE_HOST)
+    global _d
+    _d = d
 
 
 def driver_open() -> bool:
@@ -67,6 +71,17 @@ def driver_open() -> bool:
 def _need_driver() -> None:
     if not _state:
         raise RuntimeError("the CUDA driver is not open (call open_driver())")
+
+
+def _refuse(checks: Sequence[tuple[object, str, int]]) -> None:
+    """After a call failed with an exception: raise what the compiled module raises for
+    the same arguments (``InvalidArgument``, or "driver not open"); each check is
+    ``(value, what, bits)``, ``bits`` 0 for a handle (None allowed)."""
+    for value, what, bits in checks:
+        if bits == 0 and value is None:
+            continue
+        (_u32 if bits == 32 else _u64)(value, what)
+    _need_driver()
 
 
 def _u64(value: object, what: str) -> int:
@@ -196,9 +211,9 @@ def launch(
     tensor_maps: Sequence[bytes] | None,
 ) -> Any:
     """Fill the argument block and launch; the ``CUresult``."""
-    if not isinstance(state, PackState):
+    if type(state) is not PackState:
         raise InvalidArgument(f"state must be a PackState, got {state!r}")
-    if function is None or function == 0:
+    if not function:
         raise InvalidArgument(f"function must be a loaded kernel, got {function!r}")
     state.fill_pointers(pointers)
     if scalars is not None:
@@ -209,39 +224,58 @@ def launch(
         state.put(metadata, state.meta, "metadata", True)
     if tensor_maps is not None:
         state.fill(tensor_maps, state.maps, "tensor maps")
-    _need_driver()
-    (err,) = cu().cuLaunchKernel(function, gx, gy, gz, bx, by, bz, shared, stream, state.address, 0)
-    return err
+    try:
+        return _d.cuLaunchKernel(
+            function, gx, gy, gz, bx, by, bz, shared, stream, state.address, 0
+        )[0]
+    except Exception:
+        names = ("grid x", "grid y", "grid z", "block x", "block y", "block z")
+        dims = [(v, w, 32) for v, w in zip((gx, gy, gz, bx, by, bz), names, strict=True)]
+        _refuse([(function, "function", 0), *dims, (shared, "shared memory bytes", 32),
+                 (stream, "stream", 0)])  # fmt: skip
+        raise
 
 
 def event_record(event: Any, stream: Any) -> Any:
     """``cuEventRecord``."""
-    _need_driver()
-    return cu().cuEventRecord(event, stream)[0]
+    try:
+        return _d.cuEventRecord(event, stream)[0]
+    except Exception:
+        _refuse([(event, "event", 0), (stream, "stream", 0)])
+        raise
 
 
 def event_query(event: Any) -> Any:
     """``cuEventQuery``."""
-    _need_driver()
-    return cu().cuEventQuery(event)[0]
+    try:
+        return _d.cuEventQuery(event)[0]
+    except Exception:
+        _refuse([(event, "event", 0)])
+        raise
 
 
 def stream_wait_event(stream: Any, event: Any) -> Any:
     """``cuStreamWaitEvent(stream, event, 0)``."""
-    _need_driver()
-    return cu().cuStreamWaitEvent(stream, event, 0)[0]
+    try:
+        return _d.cuStreamWaitEvent(stream, event, 0)[0]
+    except Exception:
+        _refuse([(stream, "stream", 0), (event, "event", 0)])
+        raise
 
 
 def memcpy_async(to_device: bool, device: int, host: int, nbytes: int, stream: Any) -> Any:
     """``cuMemcpyHtoDAsync``/``cuMemcpyDtoHAsync`` between ``device`` and ``host``."""
-    nbytes = _u64(nbytes, "nbytes")
-    if not _u64(host, "host address") and nbytes:
+    if not host and nbytes:
+        _u64(nbytes, "nbytes")
         raise InvalidArgument("host address must not be 0")
-    _need_driver()
-    d = cu()
-    if to_device:
-        return d.cuMemcpyHtoDAsync(device, host, nbytes, stream)[0]
-    return d.cuMemcpyDtoHAsync(host, device, nbytes, stream)[0]
+    try:
+        if to_device:
+            return _d.cuMemcpyHtoDAsync(device, host, nbytes, stream)[0]
+        return _d.cuMemcpyDtoHAsync(host, device, nbytes, stream)[0]
+    except Exception:
+        _refuse([(device, "device address", 64), (host, "host address", 64),
+                 (nbytes, "nbytes", 64), (stream, "stream", 0)])  # fmt: skip
+        raise
 
 
 _LaunchHostFunc = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
@@ -261,6 +295,8 @@ def _libc_close_address() -> int:
 def notify_close(stream: Any, fd: int) -> int:
     """Make the driver's thread close ``fd`` once ``stream`` gets there: libc's
     ``close`` as a host function, called through the C entry point (no Python, no GIL)."""
+    if stream is not None:
+        _u64(stream, "stream")
     if _u32(fd, "fd") > 2**31 - 1:
         raise InvalidArgument(f"fd out of range: {fd}")
     _need_driver()
@@ -270,13 +306,17 @@ def notify_close(stream: Any, fd: int) -> int:
 def param_sizes(function: Any) -> tuple[Any, tuple[int, ...] | None] | None:
     """``(CUresult, sizes)`` of the kernel's parameters, or None where the driver cannot
     say (no ``cuFuncGetParamCount``)."""
-    if function is None or function == 0:
+    if not function:
         raise InvalidArgument(f"function must be a loaded kernel, got {function!r}")
+    _u64(function, "function")
     _need_driver()
     d = cu()
     if not hasattr(d, "cuFuncGetParamCount") or not hasattr(d, "cuFuncGetParamInfo"):
         return None
-    err, count = d.cuFuncGetParamCount(function)
+    try:
+        err, count = d.cuFuncGetParamCount(function)
+    except RuntimeError:  # cuda.bindings has it, the driver (before CUDA 13.1) not
+        return None
     if err:
         return err, None
     sizes = []

@@ -16,6 +16,7 @@ from ..kernel import CudaSource, Kernel, block_size
 from ..stream_id import StreamId
 from ..types import ExecutionMode
 from .abi import Signature
+from .cubin import kernel_param_sizes
 from .driver import check, cu, error_from
 from .hotpath import hot
 from .state import LoadedKernel
@@ -92,7 +93,12 @@ class LaunchOps(ProfileOps):
             attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(d.cuFuncSetAttribute(function, attr, src.shared_mem_bytes), "cuFuncSetAttribute")
         loaded = LoadedKernel(
-            function, module, src, compiled.symbol, _max_threads(function), _param_sizes(function)
+            function,
+            module,
+            src,
+            compiled.symbol,
+            _max_threads(function),
+            _param_sizes(function, compiled.cubin, compiled.symbol),
         )
         self._kernels[kernel.id] = loaded
         return loaded
@@ -201,17 +207,21 @@ def _max_threads(function: Any) -> int:
     return int(check(d.cuFuncGetAttribute(attr, function), "cuFuncGetAttribute"))
 
 
-def _param_sizes(function: Any) -> tuple[int, ...] | None:
-    """The byte size of each of the kernel's parameters (None: the driver cannot say).
+def _param_sizes(function: Any, cubin: bytes, symbol: str) -> tuple[int, ...] | None:
+    """The byte size of each of the kernel's parameters (None: nothing can say).
 
-    Asks ``cuFuncGetParamCount`` first, so that ``cuFuncGetParamInfo`` is never called
-    past the last parameter (a failing call that compute-sanitizer reports); drivers
-    without it are probed as before."""
+    From ``cuFuncGetParamCount`` + ``cuFuncGetParamInfo`` where the driver has them, else
+    from the cubin itself (:mod:`.cubin`): ``cuFuncGetParamInfo`` is never probed past
+    the last parameter, a failing call that compute-sanitizer reports. Only when neither
+    says is the driver probed as before."""
     answer = hot.param_sizes(function)
     if answer is not None:
         err, sizes = answer
         if err:
             raise error_from(err, "cuFuncGetParamCount/cuFuncGetParamInfo")
+        return sizes
+    sizes = kernel_param_sizes(cubin, symbol)
+    if sizes is not None:
         return sizes
     get = getattr(cu(), "cuFuncGetParamInfo", None)
     if get is None:
