@@ -15,7 +15,7 @@ from ..errors import InvalidArgument
 from ..kernel import CudaSource, Kernel, block_size
 from ..stream_id import StreamId
 from ..types import ExecutionMode
-from .abi import Signature
+from .abi import ArgPack
 from .cubin import kernel_param_sizes
 from .driver import check, cu, error_from
 from .hotpath import hot
@@ -121,8 +121,8 @@ class LaunchOps(ProfileOps):
         pointers = [ptr(b) for b in bindings.buffers]
         maps = [self._encode(t) for t in bindings.tensor_maps] if bindings.tensor_maps else ()
         pack, scalars = self._packer.get(bindings)
-        if pack.signature.key not in loaded.checked:
-            _check_signature(kernel, loaded, pack.signature)
+        if pack not in loaded.checked:
+            _check_signature(kernel, loaded, pack)
         if count.binding is None:
             grid = (count.x, count.y, count.z)
             used = bindings.all_bindings() if maps else bindings.buffers
@@ -136,13 +136,12 @@ class LaunchOps(ProfileOps):
         if not (gx and gy and gz):
             return
         meta = bindings.metadata.data
-        bx, by, bz = loaded.source.block
+        bx, by, bz, smem = loaded.shape
         mark = self._mark(resolved.stream) if self.recorder.enabled else None
         err = self._launch(
-            pack.state, loaded.function, gx, gy, gz, bx, by, bz,
-            loaded.source.shared_mem_bytes, resolved.stream, pointers,
-            [s.data for s in scalars] if scalars else None, meta if meta.size else None,
-            maps or None,
+            pack.state, loaded.function, gx, gy, gz, bx, by, bz, smem, resolved.stream,
+            pointers, [s.data for s in scalars] if scalars else None,
+            meta if meta.size else None, maps or None,
         )  # fmt: skip
         if err:
             raise error_from(err, f"cuLaunchKernel({kernel.id})")
@@ -235,7 +234,8 @@ def _param_sizes(function: Any, cubin: bytes, symbol: str) -> tuple[int, ...] | 
     return tuple(probed)
 
 
-def _check_signature(kernel: Kernel, loaded: LoadedKernel, sig: Signature) -> None:
+def _check_signature(kernel: Kernel, loaded: LoadedKernel, pack: ArgPack) -> None:
+    sig = pack.signature
     want = tuple(sig.param_sizes())
     have = loaded.param_sizes
     if have is not None and have != want:
@@ -244,4 +244,4 @@ def _check_signature(kernel: Kernel, loaded: LoadedKernel, sig: Signature) -> No
             f"but the bindings give {list(want)} ({sig}); see the kernel ABI: buffers, "
             "tensor maps, scalars by dtype, then one metadata struct"
         )
-    loaded.checked.add(sig.key)
+    loaded.checked.add(pack)

@@ -47,8 +47,15 @@ class LoadedKernel:
     symbol: str
     max_threads: int
     param_sizes: tuple[int, ...] | None
-    checked: set[tuple[object, ...]] = field(default_factory=set)
+    checked: set[object] = field(default_factory=set)
+    """The argument packs (one per signature) already checked against the kernel."""
     problem: str | None = None
+    shape: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """Block x, y, z and dynamic shared memory bytes, as ``cuLaunchKernel`` takes them."""
+
+    def __post_init__(self) -> None:
+        bx, by, bz = self.source.block
+        self.shape = (bx, by, bz, self.source.shared_mem_bytes)
 
 
 class ServerCore(SliceServer[SliceHandle]):

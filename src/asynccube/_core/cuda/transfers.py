@@ -16,6 +16,7 @@ from ..stream_id import StreamId
 from ..types import Binding, CopyDescriptor
 from .completion import CudaCompletion
 from .copies import CopyPlan, issue_copy, plan_copy
+from .driver import error_from
 from .hotpath import hot
 from .storage import PinnedBuffer, PinnedPool
 from .timing import ProfileOps
@@ -30,6 +31,9 @@ INLINE_BYTES: Final = 1 << 20
 COPY_SPLIT: Final = 1 << 20
 """Host copies into staging buffers of at least this many bytes go through
 ``hot.copy_into`` (GIL released; split over threads from 16 MiB)."""
+SNAPSHOT_BYTES: Final = 4 << 20
+"""Client data of at least this many bytes is snapshotted into pinned memory when a free
+buffer of its size exists (:meth:`TransferOps.snapshot`)."""
 COPY_THREADS: Final = max(1, min(8, os.cpu_count() or 1))
 """Threads a large host copy is split over."""
 
@@ -71,12 +75,31 @@ class TransferOps(ProfileOps):
             nbytes = sum(mv.nbytes for _, _, _, mv in jobs)
             self._timed_op(mark, resolved.stream, "write", stream, "copy", nbytes)
 
+    def snapshot(self, data: Any) -> memoryview | None:
+        """A copy of large host data taken now, straight into a free pinned buffer (one
+        host copy instead of two, split over threads with the GIL released), or None
+        (small or non-contiguous data, or no free pinned buffer of that size: the client
+        copies it itself). ``write`` then copies from it without staging."""
+        if type(data) is bytes:
+            return None  # immutable: taken by reference
+        try:
+            mv = memoryview(data).cast("B")
+        except TypeError:
+            return None
+        if mv.nbytes < SNAPSHOT_BYTES:
+            return None
+        buf = self._pinned.try_take(mv.nbytes)
+        if buf is None:
+            return None
+        hot.copy_into(buf.array(), mv, COPY_THREADS)
+        return buf.view()
+
     def prepare_write(
         self, items: Sequence[tuple[CopyDescriptor, BytesLike]], stream: StreamId
     ) -> Callable[[], None] | None:
         """A job for a worker thread that stages large pageable data into pinned buffers
         before ``write`` (None: nothing worth moving off the loop). Never raises."""
-        big = [data for _, data in items if _nbytes(data) > INLINE_BYTES]
+        big = [d for _, d in items if _nbytes(d) > INLINE_BYTES and not _pinned_data(d)]
         if not big:
             return None
 
@@ -93,6 +116,10 @@ class TransferOps(ProfileOps):
         """Each tensor, densely packed: ``bytes``, or a memoryview of pinned memory for
         reads of at least ``zero_copy_read`` bytes (no extra host copy)."""
         self._retirer.poll()
+        if len(descriptors) == 1:
+            fast = self._read_one(descriptors[0], stream)
+            if fast is not None:
+                return fast
         jobs = []
         total = 0
         for desc in descriptors:
@@ -110,6 +137,28 @@ class TransferOps(ProfileOps):
         spans = [(offset, n) for _, _, offset, n in jobs]
         big = total >= self._zero_copy
         return self._complete(stream, [resolved.stream], lambda: _unstage(buf, spans, big))
+
+    def _read_one(self, desc: CopyDescriptor, stream: StreamId) -> CudaCompletion[list[Any]] | None:
+        """The common read, one dense 1D range, with the checks of ``check_copy`` and the
+        copy plan worked out inline (None: not that case; the general path handles it)."""
+        shape, strides, elem = desc.shape, desc.strides, desc.elem_size
+        if len(shape) != 1 or len(strides) != 1 or strides[0] != 1 or elem <= 0:
+            return None
+        nbytes = shape[0] * elem
+        binding = desc.binding
+        if not 0 < nbytes <= binding.size or self.recorder.enabled:
+            return None
+        ptr = self._ptr(binding)
+        resolved = self._streams.resolve(stream, [binding])
+        buf = self._staged_reads.pop(nbytes, None) or self._pinned.take(nbytes)
+        cu_stream = resolved.stream
+        err = hot.memcpy_async(False, ptr, buf.ptr, nbytes, cu_stream)
+        if err:
+            buf.release()
+            raise error_from(err, "cuMemcpyDtoHAsync")
+        spans = [(0, nbytes)]
+        big = nbytes >= self._zero_copy
+        return self._complete(stream, [cu_stream], lambda: _unstage(buf, spans, big))
 
     def prepare_read(
         self, descriptors: Sequence[CopyDescriptor], stream: StreamId
@@ -142,6 +191,14 @@ class TransferOps(ProfileOps):
 
 def _plan(desc: CopyDescriptor) -> CopyPlan:
     return plan_copy(desc.shape, desc.strides, desc.elem_size)
+
+
+def _pinned_data(data: BytesLike) -> bool:
+    """Page-locked bytes (a staging buffer or a snapshot): written without staging."""
+    try:
+        return _is_pinned(hot.address(data))
+    except Exception:  # not a contiguous buffer: the job's staging raises for it
+        return False
 
 
 def _is_pinned(addr: int) -> bool:
