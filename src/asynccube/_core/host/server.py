@@ -19,7 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..bindings import Bindings, CubeCount
-from ..errors import InvalidArgument, InvalidHandle, ProfileError
+from ..errors import AsyncCubeError, ExecutionError, InvalidArgument, InvalidHandle, ProfileError
+from ..held import HeldErrors
 from ..kernel import HostLaunch, Kernel
 from ..logging import ServerLogger
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
@@ -83,6 +84,8 @@ class HostServer(SliceServer[_Bound]):
             self._backend, max_streams, logger if logger is not None else ServerLogger()
         )
         self._profiles: dict[int, HostCompletion[int]] = {}
+        self.held_errors = HeldErrors()
+        """Errors of queued work, per logical stream (the channel shares this store)."""
         self.recorder = recorder if recorder is not None else KernelRecorder()
         if self.recorder.enabled:
             self._streams.record_wait = self._recorded_wait
@@ -139,7 +142,7 @@ class HostServer(SliceServer[_Bound]):
         if self.recorder.enabled:
             nbytes = sum(mv.nbytes for _, _, mv in jobs)
             run = _recorded(run, self.recorder, "write", stream.value, "copy", nbytes)
-        resolved.stream.submit(run)
+        resolved.stream.submit(self._guarded(run, stream, "write"))
 
     def read(
         self, descriptors: Sequence[CopyDescriptor], stream: StreamId
@@ -157,7 +160,7 @@ class HostServer(SliceServer[_Bound]):
         if self.recorder.enabled:
             nbytes = sum(d.nbytes for d in descriptors)
             run = _recorded(run, self.recorder, "read", stream.value, "copy", nbytes)
-        return self._complete_on(resolved.stream, run)
+        return self._complete_on(resolved.stream, stream, run)
 
     def get_resource(self, binding: Binding, stream: StreamId) -> HostCompletion[Any]:
         """A writable numpy view of the binding's bytes, once the stream's work is done."""
@@ -165,7 +168,7 @@ class HostServer(SliceServer[_Bound]):
         offset = binding.offset_start or 0
         resolved = self._streams.resolve(stream, (binding,))
         return self._complete_on(
-            resolved.stream, lambda: BindingResource(view, offset, binding.size)
+            resolved.stream, stream, lambda: BindingResource(view, offset, binding.size)
         )
 
     def _view(self, binding: Binding) -> View:
@@ -179,11 +182,16 @@ class HostServer(SliceServer[_Bound]):
             raise InvalidHandle(f"offsets of {binding!r} fall outside its buffer")
         return view[first : first + size]
 
-    def _complete_on(self, stream: HostStream, fn: Callable[[], T]) -> HostCompletion[T]:
+    def _complete_on(
+        self, target: HostStream, stream: StreamId, fn: Callable[[], T]
+    ) -> HostCompletion[T]:
+        """Run ``fn`` on ``target`` after its queued work; fail with the error held for
+        the logical ``stream`` instead, if any (never another stream's)."""
         done: HostCompletion[T] = HostCompletion()
+        take = self.held_errors.take
 
         def run() -> None:
-            error = stream.take_error()
+            error = take(stream)
             if error is not None:
                 done.set_error(error)
                 return
@@ -192,8 +200,24 @@ class HostServer(SliceServer[_Bound]):
             except BaseException as exc:
                 done.set_error(exc)
 
-        stream.submit(run)
+        target.submit(run)
         return done
+
+    def _guarded(self, fn: Callable[[], object], stream: StreamId, what: str) -> Callable[[], None]:
+        """``fn`` as a worker task whose error is held for the logical ``stream``."""
+        hold = self.held_errors.hold
+
+        def task() -> None:
+            try:
+                fn()
+            except AsyncCubeError as exc:
+                hold(stream, exc)
+            except Exception as exc:
+                err = ExecutionError(f"{what} failed on {stream}: {type(exc).__name__}: {exc}")
+                err.__cause__ = exc
+                hold(stream, err)
+
+        return task
 
     # -- execution ------------------------------------------------------------------
 
@@ -234,7 +258,7 @@ class HostServer(SliceServer[_Bound]):
         recorder = self.recorder
         if recorder.enabled:
             run = _recorded(run, recorder, kernel.id, stream.value, "kernel", None)
-        target.submit(run)
+        target.submit(self._guarded(run, stream, f"kernel {kernel.id!r}"))
 
     def _count_view(self, binding: Binding) -> View:
         if binding.size < 12:
@@ -262,7 +286,7 @@ class HostServer(SliceServer[_Bound]):
                 event.wait()
 
         current.submit(wait_all)
-        return self._complete_on(current, lambda: None)
+        return self._complete_on(current, stream, lambda: None)
 
     # -- memory ---------------------------------------------------------------------
 
@@ -369,8 +393,12 @@ class HostServer(SliceServer[_Bound]):
     def _finish_close(self, state: _CloseState, done: HostCompletion[None]) -> None:
         self._table.close()
         self._memory.close()
-        if state.errors:
-            done.set_error(state.errors[0])
+        errors = state.errors + self.held_errors.drain()  # work nobody awaited
+        if errors:
+            first = errors[0]
+            for other in errors[1:]:
+                first.add_note(f"also unobserved at close: {type(other).__name__}: {other}")
+            done.set_error(first)
         else:
             done.set_result(None)
 
