@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import InvalidArgument
+from .errors import AsyncCubeError, CudaDriverError, DeviceError, InvalidArgument
 from .host.server import HostServer
 from .server import ComputeServer
 
@@ -73,7 +73,38 @@ async def make_server(device: str | None) -> ComputeServer:
 
 
 async def _make_cuda(index: int, settings: Settings) -> ComputeServer:
-    from .cuda.server import open_cuda_server
+    """The CUDA server for GPU ``index``; any failure to open it is a DeviceError."""
+    try:
+        from .cuda.server import open_cuda_server
 
-    server: ComputeServer = await open_cuda_server(index, settings)
-    return server
+        server: ComputeServer = await open_cuda_server(index, settings)
+        return server
+    except AsyncCubeError as exc:
+        if not isinstance(exc, CudaDriverError) or exc.name != "CUDA_ERROR_INVALID_DEVICE":
+            raise
+        failure: BaseException = exc
+    except Exception as exc:  # no driver library, no cuda-bindings, driver too old, ...
+        failure = exc
+    probe = await asyncio.get_running_loop().run_in_executor(None, probe_gpus)
+    raise cannot_open(index, probe, failure) from None
+
+
+def cannot_open(index: int, probe: GpuProbe, failure: BaseException) -> DeviceError:
+    """The DeviceError for GPU ``index`` failing to open: what is missing, what to do."""
+    if probe.usable:
+        found = "; ".join(probe.devices)
+        what = f"there is no GPU cuda:{index} (found: {found})"
+        todo = "use one of those, or 'host'"
+    else:
+        what = probe.reason or "the CUDA driver could not be used"
+        todo = (
+            "install the NVIDIA driver on a machine with an NVIDIA GPU, or use the numpy "
+            "host server: open_client('host') (the default device when no GPU is usable)"
+        )
+    cause = "" if str(failure) in what else f" (cause: {type(failure).__name__}: {failure})"
+    error = DeviceError(
+        f"cannot open cuda:{index}: {what.rstrip('. ')}{cause}; {todo}. "
+        "`python -m asynccube info` shows the devices found"
+    )
+    error.__suppress_context__ = True
+    return error
