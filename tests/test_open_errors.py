@@ -29,7 +29,7 @@ async def test_a_missing_cuda_module_is_a_device_error(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(cuda_server, "open_cuda_server", broken)
     monkeypatch.setattr(devices, "probe_gpus", lambda: devices.GpuProbe(False, "no driver"))
-    with pytest.raises(ac.DeviceError, match="no driver.*ImportError.*open_client\\('host'\\)"):
+    with pytest.raises(ac.DeviceError, match=r"no driver.*ImportError.*open_client\('host'\)"):
         await ac.connect("cuda")
 
 
@@ -42,5 +42,5 @@ async def test_a_gpu_index_not_present_names_the_gpus_found(
     found = devices.GpuProbe(True, "", ["cuda:0  NVIDIA H100"])
     monkeypatch.setattr(cuda_server, "open_cuda_server", invalid)
     monkeypatch.setattr(devices, "probe_gpus", lambda: found)
-    with pytest.raises(ac.DeviceError, match="no GPU cuda:3 \\(found: cuda:0  NVIDIA H100\\)"):
+    with pytest.raises(ac.DeviceError, match=r"no GPU cuda:3 \(found: cuda:0  NVIDIA H100\)"):
         await ac.connect("cuda:3")

@@ -247,13 +247,13 @@ class Bindings:
             f"scalars={list(self.scalars.values())}, tensor_maps={self.tensor_maps})"
         )
 
-    def with_buffer(self, binding: Binding) -> Bindings:
-        """Add one buffer binding."""
+    def with_buffer(self, binding: Binding | Handle) -> Bindings:
+        """Add one buffer binding (a Handle stands for its whole binding)."""
         self.buffers.append(_as_binding(binding))
         return self
 
-    def with_buffers(self, bindings: Iterable[Binding]) -> Bindings:
-        """Add buffer bindings in order."""
+    def with_buffers(self, bindings: Iterable[Binding | Handle]) -> Bindings:
+        """Add buffer bindings in order (a Handle stands for its whole binding)."""
         self.buffers.extend(_as_binding(b) for b in bindings)
         return self
 
