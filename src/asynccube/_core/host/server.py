@@ -22,6 +22,7 @@ from ..bindings import Bindings, CubeCount
 from ..errors import AsyncCubeError, ExecutionError, InvalidArgument, InvalidHandle, ProfileError
 from ..held import HeldErrors
 from ..kernel import HostLaunch, Kernel
+from ..launch_limits import HOST_LIMITS, check_launch
 from ..logging import ServerLogger
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
 from ..memory.slice import SliceHandle
@@ -246,12 +247,19 @@ class HostServer(SliceServer[_Bound]):
             {dt: sb.values() for dt, sb in bindings.scalars.items()} if bindings.scalars else {}
         )
         metadata = bindings.metadata.data
-        target = self._streams.resolve(stream, used).stream
         static = (count.x, count.y, count.z)
+        checked = mode is ExecutionMode.CHECKED
+        if checked and count_view is None:  # the GPU's limits, so no surprise on a GPU
+            check_launch(kernel.id, "host", static, HOST_LIMITS, kernel.cuda)
+        target = self._streams.resolve(stream, used).stream
 
         def run() -> None:
             # ``used`` keeps every binding (so every slice) alive until the kernel has run.
-            dims = _read_count(count_view) if count_view is not None else static
+            dims = static
+            if count_view is not None:
+                dims = _read_count(count_view)
+                if checked:
+                    check_launch(kernel.id, "host", dims, HOST_LIMITS, kernel.cuda)
             fn(HostLaunch(views, scalars, metadata, dims, maps))
             used.clear()
 
