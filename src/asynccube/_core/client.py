@@ -16,8 +16,10 @@ import numpy as np
 import numpy.typing as npt
 
 from .channel import State
+from .client_args import _array_layout, _same_as_tensor
 from .client_core import ClientCore
 from .errors import InvalidArgument, ProfileError
+from .logging import area_logger
 from .memory.management import MemoryReport
 from .profiling import ProfileSummary
 from .server import ComputeServer
@@ -33,6 +35,13 @@ from .types import (
 )
 
 __all__ = ["ComputeClient"]
+
+_log = area_logger("profiling")
+_NOT_RECORDING = (
+    "nothing is recorded below profiling level 'medium': set [profiling] level = "
+    '"medium" (or "full") in asynccube.toml, or ASYNCCUBE_PROFILING_LEVEL=medium, '
+    "before opening the client"
+)
 
 
 class ComputeClient(ClientCore):
@@ -108,7 +117,11 @@ class ComputeClient(ClientCore):
         records = await channel.request(
             channel.call, StreamId.current(), self._server.kernel_records
         )
-        return Timeline(records, device=self.device)
+        recorder = getattr(self._server, "recorder", None)
+        hint = "" if recorder is None or recorder.enabled else _NOT_RECORDING
+        if hint:
+            _log.warning("timeline(): %s", hint)
+        return Timeline(records, device=self.device, hint=hint)
 
     def memory_report(self) -> asyncio.Future[MemoryReport]:
         """Usage, pages and peaks of each memory pool (awaitable; an HTML table in Jupyter)."""
@@ -145,13 +158,15 @@ class ComputeClient(ClientCore):
         """Read a tensor (or a buffer, given ``dtype`` and optionally ``shape``) into a
         new numpy array of the right dtype and shape."""
         if isinstance(source, Tensor):
+            _same_as_tensor(source, dtype, shape)
             (raw,) = await self.read_tensor([source.copy_descriptor()])
             return np.frombuffer(raw, dtype=source.dtype).reshape(source.shape).copy()
         if dtype is None:
             raise InvalidArgument("read_array of a Handle or Binding needs dtype=")
+        dt, dims = _array_layout(source, dtype, shape)
         (raw,) = await self.read([source])
-        flat = np.frombuffer(raw, dtype=np.dtype(dtype)).copy()
-        return flat if shape is None else flat.reshape(tuple(shape))
+        flat = np.frombuffer(raw, dtype=dt).copy()
+        return flat if dims is None else flat.reshape(dims)
 
     # -- lifecycle ----------------------------------------------------------------------
 
