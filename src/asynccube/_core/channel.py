@@ -80,6 +80,13 @@ class Channel:
         if self.state is State.DEAD:
             if isinstance(self._death, AsyncCubeError):
                 return self._death
+            if isinstance(self._death, asyncio.CancelledError):
+                err = ClientDeadError(
+                    "the event loop this client ran on has ended (its actor task was "
+                    "cancelled); open a new client on a running loop"
+                )
+                err.__cause__ = self._death
+                return err
             err = ClientDeadError(f"the client's actor died: {self._death!r}")
             err.__cause__ = self._death
             return err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -192,6 +193,19 @@ class ComputeClient(ClientCore):
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
         try:
             await self.close()
-        except Exception:
-            if exc is None:
+        except Exception as error:
+            if not isinstance(exc, BaseException):
                 raise
+            # The block's own exception propagates; the close error is not lost with it.
+            exc.add_note(f"closing the client also raised {type(error).__name__}: {error}")
+
+    def __del__(self) -> None:
+        channel = getattr(self, "_channel", None)
+        if channel is not None and channel.state is State.OPEN:
+            warnings.warn(
+                f"unclosed {self!r}: use `async with open_client() as client:` or "
+                "`await client.close()`",
+                ResourceWarning,
+                source=self,
+                stacklevel=2,
+            )
