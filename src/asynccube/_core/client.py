@@ -19,6 +19,7 @@ import numpy.typing as npt
 from .channel import State
 from .client_args import _array_layout, _same_as_tensor
 from .client_core import ClientCore
+from .config import AsyncCubeConfig
 from .errors import InvalidArgument, ProfileError
 from .logging import area_logger
 from .memory.management import MemoryReport
@@ -63,6 +64,10 @@ class ComputeClient(ClientCore):
         self._closing: asyncio.Future[Any] | None = None
         self.profile_summary = ProfileSummary()
         """Named profiles (``client.profile(name)``) aggregated: count, total, mean..."""
+        self.config: AsyncCubeConfig | None = None
+        """The configuration the client was opened with (``open_client``/``connect``)."""
+        self.config_from_code: frozenset[str] = frozenset()
+        """The ``"section.key"`` values set in code (``open_client(config=...)``)."""
 
     # -- profiling ----------------------------------------------------------------------
 

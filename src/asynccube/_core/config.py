@@ -64,6 +64,7 @@ from .errors import ConfigError
 from .types import ExecutionMode
 
 __all__ = [
+    "CODE_SOURCE",
     "CONFIG_FILE_NAME",
     "ENV_CONFIG_FILE",
     "ENV_PREFIX",
@@ -71,6 +72,7 @@ __all__ = [
     "AutotuneConfig",
     "AutotuneLevel",
     "CompilationConfig",
+    "ConfigOverrides",
     "EffectiveConfig",
     "LogLevel",
     "MemoryConfig",
@@ -80,6 +82,7 @@ __all__ = [
     "ProfilingLevel",
     "StreamPriority",
     "StreamingConfig",
+    "config_keys",
     "default_cache_dir",
     "find_config_file",
     "format_config",
@@ -96,6 +99,11 @@ ENV_CONFIG_FILE: Final = "ASYNCCUBE_CONFIG"
 """Environment variable naming a config file to use instead of searching."""
 DEFAULT_SOURCE: Final = "default"
 """The source recorded for a value nobody set."""
+CODE_SOURCE: Final = "config= argument"
+"""The source recorded for a value given in code (``open_client(config=...)``)."""
+
+ConfigOverrides = Mapping[str, Mapping[str, object]]
+"""Configuration given in code: ``{"section": {"key": value}}``, as in the file."""
 
 
 class LogLevel(enum.IntEnum):
@@ -385,6 +393,14 @@ _SECTIONS: Final[dict[str, type]] = {
 }
 
 
+def config_keys(config: AsyncCubeConfig) -> Iterator[tuple[str, str, object]]:
+    """``(section, key, value)`` for every key of ``config``, in declaration order."""
+    for section in _SECTIONS:
+        values = getattr(config, section)
+        for key in _section_fields(section):
+            yield section, key, getattr(values, key)
+
+
 def _section_fields(section: str) -> dict[str, dataclasses.Field[Any]]:
     return {f.name: f for f in dataclasses.fields(_SECTIONS[section])}
 
@@ -430,19 +446,26 @@ class EffectiveConfig:
 
 
 def load_config(
-    cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: ConfigOverrides | None = None,
 ) -> AsyncCubeConfig:
     """The configuration for ``cwd`` (default: the working directory) and ``env``
-    (default: ``os.environ``): defaults, overridden by the file, then the environment.
+    (default: ``os.environ``): defaults, overridden by the file, then the environment,
+    then ``overrides`` given in code (``{"section": {"key": value}}``, validated like
+    the file).
 
     Raises:
-        ConfigError: naming the key, the value and the file or environment variable.
+        ConfigError: naming the key, the value and the file, environment variable or
+            ``config=`` argument.
     """
-    return load_effective_config(cwd, env).config
+    return load_effective_config(cwd, env, overrides).config
 
 
 def load_effective_config(
-    cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: ConfigOverrides | None = None,
 ) -> EffectiveConfig:
     """Like :func:`load_config`, and also where each value came from."""
     environ = os.environ if env is None else env
@@ -452,6 +475,8 @@ def load_effective_config(
     if path is not None:
         layers.apply_file(path)
     layers.apply_env(environ, start)
+    if overrides is not None:
+        layers.apply_code(overrides, start)
     return EffectiveConfig(layers.build(), layers.sources(), path, start)
 
 
@@ -544,10 +569,25 @@ class _Layers:
         if path.name == "pyproject.toml":
             data, prefix = _tool_table(data, path), "tool.asynccube."
         for section, table in data.items():
-            self._apply_section(section, table, path, prefix)
+            self._apply_section(section, table, str(path), prefix, path.parent)
 
-    def _apply_section(self, section: str, table: object, path: Path, prefix: str) -> None:
-        where = f"{path}: [{prefix}{section}]"
+    def apply_code(self, overrides: Mapping[str, object], cwd: Path) -> None:
+        """Values given in code (``open_client(config=...)``), validated like a file's."""
+        if not isinstance(overrides, Mapping):
+            raise ConfigError(
+                f"{CODE_SOURCE}: expected a mapping of sections to tables, e.g. "
+                f"{{'streaming': {{'max_streams': 8}}}}, got {overrides!r}"
+            )
+        for section, table in overrides.items():
+            if isinstance(table, Mapping):
+                table = {k: os.fspath(v) if isinstance(v, os.PathLike) else v
+                         for k, v in table.items()}  # fmt: skip
+            self._apply_section(str(section), table, CODE_SOURCE, "", cwd)
+
+    def _apply_section(
+        self, section: str, table: object, origin: str, prefix: str, base: Path
+    ) -> None:
+        where = f"{origin}: [{prefix}{section}]"
         if section not in _SECTIONS:
             raise ConfigError(f"{where}: unknown section; the sections are {_known(_SECTIONS)}")
         if not isinstance(table, dict):
@@ -556,11 +596,11 @@ class _Layers:
         for key, raw in table.items():
             if key not in fields:
                 raise ConfigError(
-                    f"{path}: unknown key {prefix}{section}.{key} = {format_value(raw)}; "
+                    f"{origin}: unknown key {prefix}{section}.{key} = {format_value(raw)}; "
                     f"the keys of [{section}] are {_known(fields)}"
                 )
-            value = _parse(fields[key], raw, False, path.parent, f"{path}: {prefix}{section}.{key}")
-            self._values[section, key] = (value, str(path))
+            value = _parse(fields[key], raw, False, base, f"{origin}: {prefix}{section}.{key}")
+            self._values[section, key] = (value, origin)
 
     def apply_env(self, environ: Mapping[str, str], cwd: Path) -> None:
         for name in sorted(environ):

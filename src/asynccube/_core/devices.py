@@ -12,6 +12,7 @@ from .host.server import HostServer
 from .server import ComputeServer
 
 if TYPE_CHECKING:
+    from .config import AsyncCubeConfig, ConfigOverrides
     from .settings import Settings
 
 __all__ = ["GpuProbe", "make_server", "parse_device", "probe_gpus"]
@@ -57,12 +58,17 @@ def probe_gpus() -> GpuProbe:
     return GpuProbe(True, "", devices)
 
 
-async def make_server(device: str | None) -> ComputeServer:
-    """The server for ``device`` (None: the first usable GPU, else the host)."""
+async def make_server(
+    device: str | None, config: ConfigOverrides | AsyncCubeConfig | None = None
+) -> ComputeServer:
+    """The server for ``device`` (None: the first usable GPU, else the host), configured
+    from the file, the environment, then ``config`` (validated like the file)."""
     from .settings import load_settings
 
     loop = asyncio.get_running_loop()
-    settings = await loop.run_in_executor(None, load_settings)
+    if device is not None:
+        parse_device(device)  # a bad device string fails before any blocking work
+    settings = await loop.run_in_executor(None, load_settings, None, config)
     if device is None:
         probe = await loop.run_in_executor(None, probe_gpus)
         device = "cuda:0" if probe.usable else "host"
