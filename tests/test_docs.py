@@ -3,13 +3,14 @@ finding 9): cache directories, configuration keys and logging values, example fl
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from asynccube._core.config import ConfigError, _section_fields, default_cache_dir, load_config
+from asynccube._core.config import AsyncCubeConfig, ConfigError, default_cache_dir, load_config
 
 from .tune_example import load_example
 
@@ -29,7 +30,8 @@ def test_sections_and_keys_are_the_configs() -> None:
     for section in SECTIONS:
         match = re.search(rf"`{section}` \(([a-z_, ]+)\)", README)
         assert match is not None, section
-        assert match.group(1).split(", ") == list(_section_fields(section)), section
+        keys = [f.name for f in dataclasses.fields(getattr(AsyncCubeConfig(), section))]
+        assert match.group(1).split(", ") == keys, section
 
 
 def test_logging_values_are_the_configs(tmp_path: Path) -> None:
