@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..bindings import Bindings, CubeCount
-from ..errors import AsyncCubeError, ExecutionError, InvalidArgument, InvalidHandle, ProfileError
+from ..errors import InvalidArgument, InvalidHandle, ProfileError
 from ..held import HeldErrors
 from ..kernel import HostLaunch, Kernel
 from ..launch_limits import HOST_LIMITS, check_launch
@@ -28,7 +28,7 @@ from ..memory import MemoryConfig, MemoryManagement, MemoryReport
 from ..memory.slice import SliceHandle
 from ..memory.storage import BytesStorage
 from ..memory.table import SliceTable
-from ..profiling import KernelRecord, KernelRecorder, RecordKind
+from ..profiling import KernelRecord, KernelRecorder
 from ..server import BindingResource, BytesLike, DeviceProperties
 from ..slice_server import SliceServer
 from ..stream.multi import MultiStream
@@ -44,6 +44,7 @@ from ..types import (
     TimingMethod,
 )
 from .layout import check_copy, gather, scatter
+from .tasks import CloseState, completing, guarded, read_count, recorded
 from .worker import HostBackend, HostCompletion, HostStream
 
 __all__ = ["HostServer"]
@@ -142,8 +143,8 @@ class HostServer(SliceServer[_Bound]):
 
         if self.recorder.enabled:
             nbytes = sum(mv.nbytes for _, _, mv in jobs)
-            run = _recorded(run, self.recorder, "write", stream.value, "copy", nbytes)
-        resolved.stream.submit(self._guarded(run, stream, "write"))
+            run = recorded(run, self.recorder, "write", stream.value, "copy", nbytes)
+        resolved.stream.submit(guarded(run, self.held_errors, stream, "write"))
 
     def read(
         self, descriptors: Sequence[CopyDescriptor], stream: StreamId
@@ -160,7 +161,7 @@ class HostServer(SliceServer[_Bound]):
 
         if self.recorder.enabled:
             nbytes = sum(d.nbytes for d in descriptors)
-            run = _recorded(run, self.recorder, "read", stream.value, "copy", nbytes)
+            run = recorded(run, self.recorder, "read", stream.value, "copy", nbytes)
         return self._complete_on(resolved.stream, stream, run)
 
     def get_resource(self, binding: Binding, stream: StreamId) -> HostCompletion[Any]:
@@ -189,36 +190,8 @@ class HostServer(SliceServer[_Bound]):
         """Run ``fn`` on ``target`` after its queued work; fail with the error held for
         the logical ``stream`` instead, if any (never another stream's)."""
         done: HostCompletion[T] = HostCompletion()
-        take = self.held_errors.take
-
-        def run() -> None:
-            error = take(stream)
-            if error is not None:
-                done.set_error(error)
-                return
-            try:
-                done.set_result(fn())
-            except BaseException as exc:
-                done.set_error(exc)
-
-        target.submit(run)
+        target.submit(completing(done, fn, self.held_errors, stream))
         return done
-
-    def _guarded(self, fn: Callable[[], object], stream: StreamId, what: str) -> Callable[[], None]:
-        """``fn`` as a worker task whose error is held for the logical ``stream``."""
-        hold = self.held_errors.hold
-
-        def task() -> None:
-            try:
-                fn()
-            except AsyncCubeError as exc:
-                hold(stream, exc)
-            except Exception as exc:
-                err = ExecutionError(f"{what} failed on {stream}: {type(exc).__name__}: {exc}")
-                err.__cause__ = exc
-                hold(stream, err)
-
-        return task
 
     # -- execution ------------------------------------------------------------------
 
@@ -257,7 +230,7 @@ class HostServer(SliceServer[_Bound]):
             # ``used`` keeps every binding (so every slice) alive until the kernel has run.
             dims = static
             if count_view is not None:
-                dims = _read_count(count_view)
+                dims = read_count(count_view)
                 if checked:
                     check_launch(kernel.id, "host", dims, HOST_LIMITS, kernel.cuda)
             fn(HostLaunch(views, scalars, metadata, dims, maps))
@@ -265,8 +238,8 @@ class HostServer(SliceServer[_Bound]):
 
         recorder = self.recorder
         if recorder.enabled:
-            run = _recorded(run, recorder, kernel.id, stream.value, "kernel", None)
-        target.submit(self._guarded(run, stream, f"kernel {kernel.id!r}"))
+            run = recorded(run, recorder, kernel.id, stream.value, "kernel", None)
+        target.submit(guarded(run, self.held_errors, stream, f"kernel {kernel.id!r}"))
 
     def _count_view(self, binding: Binding) -> View:
         if binding.size < 12:
@@ -318,7 +291,7 @@ class HostServer(SliceServer[_Bound]):
         def wait() -> None:
             event.wait()
 
-        target.submit(_recorded(wait, self.recorder, f"wait {origin}", stream.value, "wait", None))
+        target.submit(recorded(wait, self.recorder, f"wait {origin}", stream.value, "wait", None))
 
     def memory_report(self, stream: StreamId) -> MemoryReport:
         """Usage, pages and peaks of each pool."""
@@ -385,7 +358,7 @@ class HostServer(SliceServer[_Bound]):
         """
         workers = self._streams.existing_streams()
         done: HostCompletion[None] = HostCompletion()
-        state = _CloseState(len(workers))
+        state = CloseState(len(workers))
         for worker in workers:
             worker.stop(functools.partial(self._worker_exited, worker, state, done))
         if not workers:
@@ -393,12 +366,12 @@ class HostServer(SliceServer[_Bound]):
         return done
 
     def _worker_exited(
-        self, worker: HostStream, state: _CloseState, done: HostCompletion[None]
+        self, worker: HostStream, state: CloseState, done: HostCompletion[None]
     ) -> None:
         if state.exited(worker.take_error()):
             self._finish_close(state, done)
 
-    def _finish_close(self, state: _CloseState, done: HostCompletion[None]) -> None:
+    def _finish_close(self, state: CloseState, done: HostCompletion[None]) -> None:
         self._table.close()
         self._memory.close()
         errors = state.errors + self.held_errors.drain()  # work nobody awaited
@@ -409,48 +382,3 @@ class HostServer(SliceServer[_Bound]):
             done.set_error(first)
         else:
             done.set_result(None)
-
-
-class _CloseState:
-    """Counts workers still running at close and the errors they held."""
-
-    __slots__ = ("errors", "lock", "remaining")
-
-    def __init__(self, workers: int) -> None:
-        self.remaining = workers
-        self.errors: list[BaseException] = []
-        self.lock = threading.Lock()
-
-    def exited(self, error: BaseException | None) -> bool:
-        """Record one worker's exit; True for the last."""
-        with self.lock:
-            if error is not None:
-                self.errors.append(error)
-            self.remaining -= 1
-            return self.remaining == 0
-
-
-def _recorded(
-    fn: Callable[[], T],
-    recorder: KernelRecorder,
-    name: str,
-    stream: int,
-    kind: RecordKind,
-    nbytes: int | None,
-) -> Callable[[], T]:
-    """``fn`` wrapped to record when it was queued, started and ended."""
-    queued = time.perf_counter_ns()
-
-    def timed() -> T:
-        start = time.perf_counter_ns()
-        try:
-            return fn()
-        finally:
-            recorder.record(name, stream, kind, queued, start, time.perf_counter_ns(), nbytes)
-
-    return timed
-
-
-def _read_count(view: View) -> tuple[int, int, int]:
-    x, y, z = (int(v) for v in view[:12].view(np.uint32))
-    return x, y, z
