@@ -106,7 +106,9 @@ def _u32(value: object, what: str) -> int:
 class PackState:
     """The argument block of one kernel signature (see ``_native.c``'s ``PackState``)."""
 
-    __slots__ = ("_ptrs", "address", "maps", "meta", "n_ptrs", "ptr_offset", "scalars", "view")
+    __slots__ = (
+        "_ptrs", "_words", "address", "maps", "meta", "n_ptrs", "ptr_offset", "scalars", "view",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -135,6 +137,10 @@ class PackState:
         self.scalars = [self._slot(s, "scalars") for s in scalars]
         self.maps = [self._slot((off, 128), "tensor_maps") for off in tensor_maps]
         self.meta = None if metadata is None else self._slot(metadata, "metadata")
+        self._words: Any = None
+        if self.meta is not None and self.meta[1] % 4 == 0 and self.meta[0] % 4 == 0:
+            off, size = self.meta
+            self._words = self.view[off : off + size].cast("I")
 
     def _inside(self, off: int, n: int, what: str) -> None:
         if off < 0 or n < 0 or off > len(self.view) - n:
@@ -190,8 +196,29 @@ class PackState:
         """Write a group of scalars or tensor maps."""
         if len(items) != len(slots):
             raise InvalidArgument(f"{len(items)} {what} given; the signature has {len(slots)}")
+        exact = what == "tensor maps"
+        view = self.view
         for item, slot in zip(items, slots, strict=True):
-            self.put(item, slot, what, what == "tensor maps")
+            if type(item) is bytes:  # the usual case, without a memoryview
+                off, cap = slot
+                n = len(item)
+                if n <= cap and (n == cap or not exact):
+                    view[off : off + n] = item
+                    continue
+            self.put(item, slot, what, exact)
+
+    def put_metadata(self, data: Any) -> None:
+        """Write the metadata words (a ``uint32`` array of the slot's length)."""
+        if self.meta is None:
+            raise InvalidArgument("metadata given, but the signature has none")
+        words = self._words
+        if words is not None and type(data) is np.ndarray and data.dtype == np.uint32:
+            try:
+                words[:] = data
+                return
+            except (ValueError, TypeError):
+                pass  # the wrong length: put() says so
+        self.put(data, self.meta, "metadata", True)
 
 
 def launch(
@@ -219,9 +246,7 @@ def launch(
     if scalars is not None:
         state.fill(scalars, state.scalars, "scalar groups")
     if metadata is not None:
-        if state.meta is None:
-            raise InvalidArgument("metadata given, but the signature has none")
-        state.put(metadata, state.meta, "metadata", True)
+        state.put_metadata(metadata)
     if tensor_maps is not None:
         state.fill(tensor_maps, state.maps, "tensor maps")
     try:
