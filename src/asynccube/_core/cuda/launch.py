@@ -118,8 +118,7 @@ class LaunchOps(ProfileOps):
             if kernel.cuda is None:
                 kernel.cuda_part(self.device)  # raises KernelNotSupported
             loaded = self._load(kernel)
-        ptr = self._ptr
-        pointers = [ptr(b) for b in bindings.buffers]
+        pointers = self._pointers(bindings.buffers)
         maps = [self._encode(t) for t in bindings.tensor_maps] if bindings.tensor_maps else ()
         pack, scalars = self._packer.get(bindings)
         if pack not in loaded.checked:

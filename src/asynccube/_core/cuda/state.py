@@ -156,6 +156,25 @@ class ServerCore(SliceServer[SliceHandle]):
             return self._ptr_slow(binding)  # raises, naming the range
         return base + start
 
+    def _pointers(self, bindings: list[Binding]) -> list[int]:
+        """:meth:`_ptr` of each binding, in one loop (a launch's buffers)."""
+        addresses = self._addresses
+        queue = self._table.queue
+        out = []
+        for b in bindings:
+            token = b.memory
+            entry = addresses.get(token.id)
+            start = b.offset_start or 0
+            if (
+                entry is not None
+                and token.queue is queue
+                and 0 <= start <= b.buffer_size - (b.offset_end or 0) <= entry[1]
+            ):
+                out.append(entry[0] + start)
+            else:
+                out.append(self._ptr(b))
+        return out
+
     def _ptr_slow(self, binding: Binding) -> int:
         memory = self._table.get(binding)  # raises InvalidHandle for foreign/freed handles
         size = binding.size
