@@ -165,7 +165,10 @@ class TransferOps(ProfileOps):
     ) -> Callable[[], None] | None:
         """A job for a worker thread that allocates the pinned buffer of a large read
         when none of its size is free (None: nothing to do). Never raises."""
-        size = sum(_desc_nbytes(d) for d in descriptors)
+        if len(descriptors) == 1:
+            size = _desc_nbytes(descriptors[0])
+        else:
+            size = sum(_desc_nbytes(d) for d in descriptors)
         if size <= self._pinned.small_limit or size in self._staged_reads:
             return None
         buf = self._pinned.try_take(size)
