@@ -331,6 +331,13 @@ class CudaServer(SliceServer[SliceHandle]):
         self._table.drain(self._forget)
         self._retirer.poll()
 
+    def _collect(self) -> None:
+        """Park the slices of every handle dropped so far, record the events after their
+        last uses, and release what the device has passed (nothing waits)."""
+        self._table.drain(self._forget)
+        self._retirer.seal()
+        self._retirer.poll()
+
     def _forget(self, handle_id: int, memory: SliceHandle) -> None:
         self._addresses.pop(handle_id, None)
         last = self._streams.last_use.pop(handle_id, None)
@@ -649,12 +656,11 @@ class CudaServer(SliceServer[SliceHandle]):
     def end_batch(self) -> None:
         """Record the events that release what this batch dropped; release what the
         device has passed."""
-        self._retirer.seal()
-        self._retirer.poll()
+        self._collect()
 
     def sync(self, stream: StreamId) -> CudaCompletion[None]:
         """Completes when every stream has finished the work queued so far."""
-        self._retirer.seal()
+        self._collect()
         events = self._streams.flush_all()
         current = self._streams.streams.get(stream).stream
         return self._completion(events, current, None)
@@ -663,15 +669,13 @@ class CudaServer(SliceServer[SliceHandle]):
 
     def memory_usage(self, stream: StreamId) -> MemoryUsage:
         """Current memory usage."""
-        self._retirer.seal()
-        self._release_dropped()
+        self._collect()
         return self._memory.memory_usage()
 
     def memory_cleanup(self, stream: StreamId) -> None:
         """Release pages nothing uses; the pools' cached memory is handed back to the
         driver by a helper thread (that takes milliseconds)."""
-        self._retirer.seal()
-        self._release_dropped()
+        self._collect()
         self._memory.cleanup(True)
         if self._janitor is None:
             self._janitor = ThreadPoolExecutor(1, thread_name_prefix="asynccube-janitor")
@@ -688,8 +692,7 @@ class CudaServer(SliceServer[SliceHandle]):
 
     def memory_report(self, stream: StreamId) -> MemoryReport:
         """Usage, pages and peaks of each device memory pool."""
-        self._retirer.seal()
-        self._release_dropped()
+        self._collect()
         return self._memory.report()
 
     # -- profiling ------------------------------------------------------------------
