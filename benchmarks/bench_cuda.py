@@ -166,16 +166,16 @@ class Gpu:
 
 
 def check_abi(g: Gpu) -> None:
-    from asynccube._core.memory.slice import ReleaseQueue, SliceHandle
-    from asynccube._core.stream_id import StreamId
-    from asynccube._core.types import (
+    from asynccube._core.bindings import (
         Bindings,
-        Handle,
         MetadataBinding,
         TensorMapBinding,
         TensorMapMeta,
         TiledFormat,
     )
+    from asynccube._core.memory.slice import ReleaseQueue, SliceHandle
+    from asynccube._core.stream_id import StreamId
+    from asynccube._core.types import Handle
 
     def fake_tensor_map(handle: Handle) -> TensorMapBinding:
         meta = TensorMapMeta(TiledFormat((8,)), 1, (64,), (1,), (1,), np.dtype(np.uint8))
@@ -229,7 +229,7 @@ def check_add4(g: Gpu, n: int = 1 << 20) -> tuple[int, int, int]:
     check(d.cuMemcpyHtoD(b, b_host, 4 * n))
     check(d.cuMemsetD8(o, 0xFF, 4 * n))
     packs = abi.ArgPack(abi.Signature(3, 0, [(np.uint32, 1)]))
-    from asynccube._core.types import ScalarBinding
+    from asynccube._core.bindings import ScalarBinding
 
     params = packs.pack([a, b, o], [ScalarBinding(np.uint32, [n])])
     g.launch("add4", (n + 255) // 256, 256, params)
@@ -242,9 +242,10 @@ def check_add4(g: Gpu, n: int = 1 << 20) -> tuple[int, int, int]:
 
 
 def bench_launch(g: Gpu, bufs: tuple[int, int, int], n: int = 4096, reps: int = 20000) -> None:
+    from asynccube._core.bindings import Bindings
     from asynccube._core.memory.slice import ReleaseQueue, SliceHandle
     from asynccube._core.stream_id import StreamId
-    from asynccube._core.types import Bindings, Handle
+    from asynccube._core.types import Handle
 
     d = cu()
     a, b, o = bufs

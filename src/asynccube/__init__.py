@@ -14,6 +14,21 @@ host server.
 
 from __future__ import annotations
 
+from ._core.bindings import (
+    SCALAR_DTYPES,
+    Bindings,
+    CubeCount,
+    Im2colFormat,
+    MetadataBinding,
+    OobFill,
+    ScalarBinding,
+    TensorMapBinding,
+    TensorMapInterleave,
+    TensorMapMeta,
+    TensorMapPrefetch,
+    TensorMapSwizzle,
+    TiledFormat,
+)
 from ._core.client import ComputeClient
 from ._core.errors import (
     AsyncCubeError,
@@ -59,30 +74,17 @@ from ._core.tune import (
     anchor,
 )
 from ._core.types import (
-    SCALAR_DTYPES,
     Allocation,
     AllocationDescriptor,
     AllocationKind,
     Binding,
-    Bindings,
     CopyDescriptor,
-    CubeCount,
     ExecutionMode,
     Handle,
-    Im2colFormat,
     MemoryAllocationMode,
     MemoryUsage,
-    MetadataBinding,
-    OobFill,
     ProfileDuration,
     ProfilingToken,
-    ScalarBinding,
-    TensorMapBinding,
-    TensorMapInterleave,
-    TensorMapMeta,
-    TensorMapPrefetch,
-    TensorMapSwizzle,
-    TiledFormat,
     TimingMethod,
 )
 

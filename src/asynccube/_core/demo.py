@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .bindings import Bindings, CubeCount
 from .client import ComputeClient
 from .kernel import CudaSource, HostLaunch, Kernel
 from .open import open_client
-from .types import Bindings, CubeCount
 
 __all__ = ["DemoReport", "run_demo"]
 

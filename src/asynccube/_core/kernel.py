@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from .bindings import TensorMapBinding
 from .errors import InvalidArgument, KernelNotSupported
-from .types import TensorMapBinding
 
 __all__ = ["CudaSource", "HostLaunch", "Kernel"]
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
+from .bindings import Bindings, CubeCount
 from .kernel import Kernel
 from .memory.management import MemoryReport
 from .profiling import KernelRecord
@@ -22,9 +23,7 @@ from .types import (
     Allocation,
     AllocationDescriptor,
     Binding,
-    Bindings,
     CopyDescriptor,
-    CubeCount,
     ExecutionMode,
     Handle,
     MemoryAllocationMode,

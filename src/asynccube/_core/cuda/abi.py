@@ -33,8 +33,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from ..bindings import SCALAR_DTYPES, Bindings, ScalarBinding
 from ..errors import InvalidArgument
-from ..types import SCALAR_DTYPES, Bindings, ScalarBinding
 
 __all__ = [
     "C_TYPES",

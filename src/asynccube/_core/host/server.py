@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from ..bindings import Bindings, CubeCount
 from ..errors import InvalidArgument, InvalidHandle, ProfileError
 from ..kernel import HostLaunch, Kernel
 from ..logging import ServerLogger
@@ -32,9 +33,7 @@ from ..stream.multi import MultiStream
 from ..stream_id import StreamId
 from ..types import (
     Binding,
-    Bindings,
     CopyDescriptor,
-    CubeCount,
     ExecutionMode,
     MemoryAllocationMode,
     MemoryUsage,
