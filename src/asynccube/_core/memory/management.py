@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
 
 from ..errors import BufferTooBig, InvalidArgument, InvalidHandle, OutOfMemory
+from ..html import memory_report_html
 from ..types import MemoryAllocationMode, MemoryUsage
 from .config import DEFAULT_MAX_ALLOCATION, ExclusivePages, MemoryConfig, PoolOptions
 from .pools import ExclusivePool, PersistentPool, Pool, PoolReport, Slice, SlicedPool
@@ -108,8 +109,6 @@ class MemoryReport:
         return total
 
     def _repr_html_(self) -> str:
-        from ..display import memory_report_html
-
         rows = [(_pool_label(p), p.usage) for p in (*self.pools, self.persistent)]
         return memory_report_html(rows, title=f"Memory after {self.alloc_calls} allocations")
 

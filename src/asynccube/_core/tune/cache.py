@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import AutotuneError, ConfigError
 from ..logging import area_logger
+from ..version import __version__
 from .key import AutotuneKey
 
 if TYPE_CHECKING:
@@ -218,8 +219,6 @@ def device_fingerprint(client: ComputeClient) -> str:
 
 
 def _asynccube_version() -> str:
-    from ... import __version__
-
     return __version__
 
 
