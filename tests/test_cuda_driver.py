@@ -125,7 +125,6 @@ def test_storage_pages_are_aligned_usable_and_freed(gpu: driver.DeviceContext) -
 
 
 @pytest.mark.cuda
-@pytest.mark.device_fault
 def test_storage_out_of_memory(gpu: driver.DeviceContext) -> None:
     from asynccube._core.cuda.storage import CudaStorage
     from asynccube._core.memory.storage import StorageOutOfMemory
