@@ -104,3 +104,20 @@ async def test_memory_returns_after_a_storm_of_tasks(
         # The errors of cancelled tasks' writes that no sync took are raised at close.
         with contextlib.suppress(ac.InvalidArgument):
             await client.close()
+
+
+async def test_a_held_error_does_not_keep_its_buffers(client: ac.ComputeClient) -> None:
+    async def failing_write() -> None:  # a task of its own: nobody awaits on its stream
+        h = client.empty(16)
+        client.write([(h.copy_descriptor((8,), (1,), 4), bytes(32))])  # 32 B into 16 B
+
+    before = await client.memory_usage()
+    await asyncio.create_task(failing_write())
+    gc.collect()
+    await client.sync()
+    after = await client.memory_usage()
+    assert (after.number_allocs, after.bytes_in_use) == (before.number_allocs, before.bytes_in_use)
+    with pytest.raises(ac.InvalidArgument) as info:
+        await client.close()
+    assert info.value.__traceback__ is not None  # raised anew by close(), here
+    assert any("raised by a command that was not awaited" in n for n in info.value.__notes__)
