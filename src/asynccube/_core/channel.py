@@ -339,7 +339,10 @@ def _detach_frames(exc: BaseException) -> None:
         seen.add(id(error))
         tb = error.__traceback__
         if tb is not None:
-            where = "".join(traceback.format_tb(tb)).rstrip()
+            where = "\n".join(  # no source lines: reading files would block the loop
+                f'  File "{frame.f_code.co_filename}", line {line}, in {frame.f_code.co_name}'
+                for frame, line in traceback.walk_tb(tb)
+            )
             error.add_note(f"raised by a command that was not awaited, at:\n{where}")
             error.__traceback__ = None
         error = error.__cause__ or error.__context__
