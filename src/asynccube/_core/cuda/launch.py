@@ -45,6 +45,8 @@ class LaunchOps(ProfileOps):
         do): compiling and loading a kernel not seen yet, and, given a dynamic ``count``
         and its ``stream``, waiting for the count to be read back. Never raises: errors
         surface from the job or from ``execute``."""
+        if kernel.id in self._kernels and (count is None or count.binding is None):
+            return None  # the usual case: loaded, static count
         jobs: list[Callable[[], object]] = []
         if kernel.cuda is not None and kernel.id not in self._kernels:
             jobs.append(lambda: self._load(kernel))
