@@ -129,6 +129,7 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps):
         self._launch = hot.launch
         self._janitor: ThreadPoolExecutor | None = None
         self._staged_reads: dict[int, PinnedBuffer] = {}
+        self._small_reads: dict[int, list[PinnedBuffer]] = {}
         self._created_at: dict[int, tuple[StreamId, int]] = {}
         self._profiles: dict[int, Any] = {}
         self._tokens = itertools.count(1)

@@ -83,6 +83,7 @@ class ServerCore(SliceServer[SliceHandle]):
     _launch: Any
     _janitor: ThreadPoolExecutor | None
     _staged_reads: dict[int, PinnedBuffer]
+    _small_reads: dict[int, list[PinnedBuffer]]
     _created_at: dict[int, tuple[StreamId, int]]
     _profiles: dict[int, Any]
     _tokens: itertools.count[int]
