@@ -6,6 +6,7 @@ import asyncio
 import functools
 import gc
 import sys
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -17,6 +18,12 @@ import asynccube as ac
 from asynccube._core.devices import probe_gpus
 
 from .lagprobe import MAX_LAG_SECONDS, LoopLagProbe
+
+with warnings.catch_warnings():
+    # trio's hypothesis hook warns when hypothesis is first imported (late, at session
+    # end, under "warnings are errors" otherwise); it is harmless: import it here.
+    warnings.simplefilter("ignore")
+    import hypothesis  # noqa: F401
 
 _GPU = probe_gpus()
 LAG_FAILURE = "the event loop was blocked"

@@ -35,6 +35,7 @@ Example ``asynccube.toml`` (every key shown with its default)::
     cache = true
     cache_dir = "~/.cache/asynccube/autotune"    # platform user cache dir
     logging = "disabled"      # "disabled" | "minimal" | "full"
+    progress = true           # a progress bar while tuning (tqdm, terminal/notebook)
 
     [compilation]
     cache = true

@@ -253,6 +253,8 @@ class AutotuneConfig:
         cache: Whether tuning results are kept on disk.
         cache_dir: Where they are kept (default: the user cache dir, ``.../autotune``).
         logging: Level of ``asynccube.autotune`` (disabled, minimal, full).
+        progress: Show a progress bar while tuning (where tqdm is installed and a
+            terminal or notebook shows it).
     """
 
     level: AutotuneLevel = field(
@@ -263,6 +265,7 @@ class AutotuneConfig:
     logging: LogLevel = field(
         default=LogLevel.DISABLED, metadata=_meta(_levels("disabled", "minimal", "full"))
     )
+    progress: bool = field(default=True, metadata=_meta(_parse_bool))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,23 +18,24 @@ served by the set's default implementation until the result is in (the seed's
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import AsyncCubeError, AutotuneCheckError, AutotuneError, InvalidArgument
+from ..errors import AutotuneCheckError, AutotuneError, InvalidArgument
 from ..logging import area_logger
+from .bench import SAMPLES_BY_LEVEL, benchmark, configured_samples, from_code
 from .cache import AutotuneOutcome, TuneCache, TuneResult, device_fingerprint
 from .checks import CheckReport, TuneChecks, run_checks
 from .key import AutotuneKey
+from .progress import open_progress
 from .tunable import Tunable, TunableSet
 
 if TYPE_CHECKING:
     from ..client import ComputeClient
 
-__all__ = ["TuneMode", "Tuner"]
+__all__ = ["SAMPLES_BY_LEVEL", "TuneMode", "Tuner", "configured_samples"]
 
 log = area_logger("autotune")
 
@@ -210,10 +211,10 @@ class Tuner:
         if cache is None:
             cache_dir = self._cache_dir
             if cache_dir is None:
-                cache_dir = _from_code(client, "cache_dir")
+                cache_dir = from_code(client, "cache_dir")
             persistent = self._persistent
             if persistent is None:
-                persistent = _from_code(client, "cache")
+                persistent = from_code(client, "cache")
             cache = self._caches[fingerprint] = TuneCache(
                 self.name, fingerprint, cache_dir=cache_dir, persistent=persistent
             )
@@ -320,10 +321,7 @@ class Tuner:
         try:
             bench_inputs = await tunables.generate_inputs(key, inputs)
             await self._run_checks(client, tunables, key, bench_inputs)
-            outcomes = [
-                await self._benchmark(client, index, tunable, bench_inputs)
-                for index, tunable in enumerate(tunables)
-            ]
+            outcomes = await self._benchmark_all(client, tunables, key, bench_inputs)
             result = self._pick(key, checksum, outcomes)
         except AutotuneError as exc:
             if not client.closed:  # a closed client says nothing about the tunables
@@ -347,25 +345,30 @@ class Tuner:
         if self.checks.strict:
             raise AutotuneCheckError(report)
 
+    async def _benchmark_all(
+        self, client: ComputeClient, tunables: TunableSet[K, In, Out], key: K, inputs: In
+    ) -> list[AutotuneOutcome]:
+        """Benchmark each implementation, with a progress bar where one is shown."""
+        config = getattr(client, "config", None)
+        enabled = config is None or config.autotune.progress
+        progress = await open_progress(len(tunables), f"autotune {self.name}", enabled=enabled)
+        outcomes = []
+        try:
+            for index, tunable in enumerate(tunables):
+                outcomes.append(await self._benchmark(client, index, tunable, inputs))
+                progress.step(f"{key}: {tunable.name}")
+        finally:
+            progress.close()
+        return outcomes
+
     async def _benchmark(
         self, client: ComputeClient, index: int, tunable: Tunable[Any, Any], inputs: Any
     ) -> AutotuneOutcome:
-        try:
-            for _ in range(self.warmup):
-                await tunable(client, inputs)
-            await client.sync()  # warm-up done, and its errors raised here
-            count = self.samples
-            if count is None and (level := _from_code(client, "level")) is not None:
-                count = SAMPLES_BY_LEVEL[str(level.value)]  # open_client(config=...)
-            if count is None:
-                count = self.samples = await asyncio.to_thread(configured_samples)
-            samples = [await _profiled(client, tunable, inputs) for _ in range(count)]
-        except Exception as exc:
-            log.info(
-                "autotune %s: %s failed: %s: %s", self.name, tunable.name, type(exc).__name__, exc
-            )
-            return AutotuneOutcome.failed(tunable.name, index, exc)
-        return AutotuneOutcome.from_samples(tunable.name, index, samples)
+        outcome, samples = await benchmark(
+            client, self.name, index, tunable, inputs, self.warmup, self.samples
+        )
+        self.samples = samples
+        return outcome
 
     def _pick(self, key: AutotuneKey, checksum: str, outcomes: list[AutotuneOutcome]) -> TuneResult:
         ranked = sorted(outcomes, key=lambda o: (o.sort_key, o.index))
@@ -384,23 +387,6 @@ class Tuner:
         return TuneResult(best.index, best.name, checksum, tuple(ranked))
 
 
-async def _profiled(client: ComputeClient, tunable: Tunable[Any, Any], inputs: Any) -> int:
-    """Nanoseconds one run of ``tunable`` takes, profiled by the client."""
-    token = client.start_profile()
-    try:
-        await tunable(client, inputs)
-    except BaseException:
-        with contextlib.suppress(AsyncCubeError):
-            client.end_profile(token).add_done_callback(_consume)
-        raise
-    return (await client.end_profile(token)).duration_ns
-
-
-def _consume(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()
-
-
 def _mode(mode: TuneMode | str) -> TuneMode:
     try:
         return TuneMode(mode)
@@ -408,27 +394,3 @@ def _mode(mode: TuneMode | str) -> TuneMode:
         raise InvalidArgument(
             f"unknown tune mode {mode!r}; use TuneMode.BLOCKING or TuneMode.BACKGROUND"
         ) from None
-
-
-SAMPLES_BY_LEVEL: Final = {"minimal": 3, "balanced": 10, "extensive": 25, "full": 50}
-"""Profiled samples per tunable for each ``[autotune] level``."""
-
-
-def _from_code(client: ComputeClient, key: str) -> Any:
-    """``[autotune] key`` if the client was opened with it set in code, else None."""
-    config = getattr(client, "config", None)
-    if config is None or f"autotune.{key}" not in getattr(client, "config_from_code", ()):
-        return None
-    return getattr(config.autotune, key)
-
-
-def configured_samples() -> int:
-    """Samples per tunable from ``[autotune] level`` (blocking: reads the configuration)."""
-    from ..config import load_config
-
-    try:
-        level = load_config().autotune.level
-    except AsyncCubeError as exc:
-        log.warning("autotune: cannot read the configuration (%s); using 10 samples", exc)
-        return 10
-    return SAMPLES_BY_LEVEL[str(level.value)]
