@@ -50,6 +50,7 @@ from ._core.errors import (
     ProfileError,
     ScalarTypeError,
     Unknown,
+    UnsupportedBackend,
     UnsupportedIoOperation,
     UnsupportedStrides,
 )
@@ -165,6 +166,7 @@ __all__ = [
     "TuneResult",
     "Tuner",
     "Unknown",
+    "UnsupportedBackend",
     "UnsupportedIoOperation",
     "UnsupportedStrides",
     "__version__",

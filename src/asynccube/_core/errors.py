@@ -28,6 +28,7 @@ __all__ = [
     "ProfileError",
     "ScalarTypeError",
     "Unknown",
+    "UnsupportedBackend",
     "UnsupportedIoOperation",
     "UnsupportedStrides",
 ]
@@ -188,3 +189,8 @@ class LoopMismatchError(AsyncCubeError, RuntimeError):
     Use ``asyncio.run_coroutine_threadsafe(coro, client.loop)`` to reach it from another
     thread.
     """
+
+
+class UnsupportedBackend(AsyncCubeError, RuntimeError):
+    """A client was opened outside a running event loop, or under an async library
+    asynccube does not run on; the message says which one is needed."""

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from .backend import running_loop
 from .client import ComputeClient
 from .config import (
     CODE_SOURCE,
@@ -29,7 +29,7 @@ async def connect(
     ``{"section": {"key": value}}`` (e.g. ``{"streaming": {"max_streams": 4}}``),
     validated like the file: an unknown key or a bad value raises ConfigError.
     """
-    loop = asyncio.get_running_loop()
+    loop = running_loop("connect()")
     if device is not None:
         parse_device(device)  # a bad device string fails before any blocking work
     if isinstance(config, AsyncCubeConfig):
@@ -51,6 +51,8 @@ async def open_client(
     """``async with open_client() as client:`` — a client closed when the block ends.
 
     ``config``: configuration values set in code, as for :func:`connect`.
+    Outside a running asyncio loop, or under another async library (trio),
+    :class:`~asynccube.UnsupportedBackend` says what is needed.
     """
     client = await connect(device, config=config)
     async with client:
