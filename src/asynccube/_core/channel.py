@@ -77,6 +77,10 @@ class Channel:
                 "loop, or use asyncio.run_coroutine_threadsafe(coro, client.loop)"
             )
 
+    def idle(self) -> bool:
+        """True when no command is queued for the actor (every sent command has run)."""
+        return not self._queue
+
     def _unusable(self) -> AsyncCubeError:
         if self.state is State.DEAD:
             if isinstance(self._death, AsyncCubeError):

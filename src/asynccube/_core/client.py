@@ -21,6 +21,7 @@ from .client_args import _array_layout, _same_as_tensor
 from .client_core import ClientCore
 from .config import AsyncCubeConfig
 from .errors import InvalidArgument, ProfileError
+from .interop import import_dlpack, tensor_strides
 from .logging import area_logger
 from .memory.management import MemoryReport
 from .profiling import ProfileSummary
@@ -142,7 +143,7 @@ class ComputeClient(ClientCore):
         arr = np.ascontiguousarray(array)
         handle = self.create(arr)
         strides = tuple(s // arr.itemsize for s in arr.strides) if arr.ndim else ()
-        return Tensor(handle, arr.shape, strides, arr.dtype)
+        return Tensor(handle, arr.shape, strides, arr.dtype, self)
 
     def empty_array(
         self,
@@ -153,7 +154,34 @@ class ComputeClient(ClientCore):
         """A new uninitialized tensor of ``shape`` and ``dtype``."""
         dt = np.dtype(dtype)
         ((handle, strides),) = self.empty_tensors([tuple(shape)], [dt.itemsize], kind)
-        return Tensor(handle, tuple(shape), strides, dt)
+        return Tensor(handle, tuple(shape), strides, dt, self)
+
+    def tensor(
+        self,
+        handle: Handle,
+        shape: Sequence[int],
+        dtype: npt.DTypeLike,
+        strides: Sequence[int] | None = None,
+    ) -> Tensor:
+        """A typed view of ``handle`` (C-contiguous unless ``strides``, in elements,
+        are given) that exports through DLPack (``np.from_dlpack(view)``)."""
+        view = Tensor(handle, shape, tensor_strides(shape, strides), dtype, self)
+        needed = view.nbytes_spanned()
+        if needed > handle.size:
+            raise InvalidArgument(
+                f"{view!r} addresses {needed} bytes but {handle!r} holds {handle.size}"
+            )
+        return view
+
+    def from_dlpack(self, obj: Any) -> Tensor:
+        """A tensor over ``obj``'s memory, without a copy (a numpy array, or anything
+        with ``__dlpack__``, on this client's device). ``obj`` stays alive while the
+        tensor, its bindings or queued work refer to it; its memory never enters the
+        pools. DLPackError names what stands in the way (another device, strides,
+        dtype, read-only memory)."""
+        handle, array = import_dlpack(self, obj)
+        strides = tensor_strides(array.shape, None)
+        return Tensor(handle, array.shape, strides, array.dtype, self)
 
     async def read_array(
         self,

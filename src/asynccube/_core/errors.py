@@ -17,6 +17,7 @@ __all__ = [
     "CompilationError",
     "ConfigError",
     "CudaDriverError",
+    "DLPackError",
     "DeviceError",
     "ExecutionError",
     "InvalidArgument",
@@ -194,3 +195,9 @@ class LoopMismatchError(AsyncCubeError, RuntimeError):
 class UnsupportedBackend(AsyncCubeError, RuntimeError):
     """A client was opened outside a running event loop, or under an async library
     asynccube does not run on; the message says which one is needed."""
+
+
+class DLPackError(AsyncCubeError, BufferError):
+    """A DLPack exchange cannot be made: memory on another device, strides or a dtype
+    that cannot be expressed, read-only memory, a busy buffer, or a stream or version
+    the exchange does not support; the message says which, and what to do."""

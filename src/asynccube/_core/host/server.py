@@ -19,8 +19,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..bindings import Bindings, CubeCount
-from ..errors import InvalidArgument, InvalidHandle, ProfileError
+from ..errors import DLPackError, InvalidArgument, InvalidHandle, ProfileError
 from ..held import HeldErrors
+from ..interop_wait import spin_until
 from ..kernel import HostLaunch, Kernel
 from ..launch_limits import HOST_LIMITS, check_launch
 from ..logging import ServerLogger
@@ -37,6 +38,7 @@ from ..types import (
     Binding,
     CopyDescriptor,
     ExecutionMode,
+    Handle,
     MemoryAllocationMode,
     MemoryUsage,
     ProfileDuration,
@@ -54,6 +56,8 @@ _Bound = tuple[SliceHandle, "npt.NDArray[np.uint8]"]
 
 T = TypeVar("T")
 View = npt.NDArray[np.uint8]
+_EXTERNAL: Any = None
+"""The slice of imported (DLPack) memory: none, it belongs to its producer."""
 _ROW_ALIGN = 64
 
 
@@ -183,6 +187,29 @@ class HostServer(SliceServer[_Bound]):
         if size < 0:
             raise InvalidHandle(f"offsets of {binding!r} fall outside its buffer")
         return view[first : first + size]
+
+    def export_view(self, binding: Binding, stream: StreamId) -> View:
+        """The bytes of ``binding`` for a CPU consumer (DLPack), once no queued work can
+        still touch them (the check never blocks; see :mod:`..interop`)."""
+        view = self._view(binding)
+        self._backend.flush_dirty()
+        streams = self._streams.existing_streams()
+        if not spin_until(lambda: self._backend.idle(streams)):
+            raise DLPackError(
+                "asynccube still has work queued on the host server, which a CPU "
+                "consumer cannot be ordered after (it has no stream); `await "
+                "client.sync()` before exporting the tensor"
+            )
+        return view
+
+    def import_view(self, handle: Handle, view: View, stream: StreamId) -> None:
+        """Bind ``handle`` to outside memory ``view`` (DLPack import): never from, nor
+        returned to, the pools; ``view`` keeps its owner alive while a handle, binding
+        or queued task refers to it."""
+        cursor = self._streams.resolve(stream, ()).cursor
+        self._table.bind(handle.memory.id, (_EXTERNAL, view))
+        handle.cursor = cursor
+        self._created(handle.memory.id, (stream, cursor))
 
     def _complete_on(
         self, target: HostStream, stream: StreamId, fn: Callable[[], T]

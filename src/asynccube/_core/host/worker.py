@@ -87,7 +87,7 @@ class HostStream:
     until an awaited operation on this stream takes it.
     """
 
-    __slots__ = ("_batch", "_dirty", "_errors", "_queue", "name")
+    __slots__ = ("_batch", "_dirty", "_errors", "_queue", "finished", "name", "submitted")
 
     def __init__(self, dirty: set[HostStream]) -> None:
         self.name = f"asynccube-host-{next(_names)}"
@@ -95,6 +95,8 @@ class HostStream:
         self._batch: list[Task] = []
         self._dirty = dirty
         self._errors: list[BaseException] = []
+        self.submitted = 0  # written by the loop thread only
+        self.finished = 0  # written by the worker only: idle when both are equal
         # Not threading.Thread.start(): it waits until the new thread runs, which can take
         # milliseconds on a loaded machine, and this is called on the event loop.
         _thread.start_new_thread(self._run, ())
@@ -106,6 +108,7 @@ class HostStream:
         """Run ``task`` after everything submitted before it (once flushed; a batch is
         handed over by itself once it holds ``MAX_BATCH`` tasks)."""
         batch = self._batch
+        self.submitted += 1
         if not batch:
             self._dirty.add(self)
         batch.append(task)
@@ -151,6 +154,8 @@ class HostStream:
             err = ExecutionError(f"{type(exc).__name__}: {exc}")
             err.__cause__ = exc
             self._errors.append(err)
+        finally:
+            self.finished += 1
 
 
 class HostBackend:
@@ -177,6 +182,10 @@ class HostBackend:
     def wait_event_sync(self, event: threading.Event) -> None:
         """Block until ``event`` (helper threads only)."""
         event.wait()
+
+    def idle(self, streams: list[HostStream]) -> bool:
+        """True when none of ``streams`` has work submitted and not yet finished."""
+        return all(s.submitted == s.finished for s in streams)
 
     def flush_dirty(self) -> None:
         """Hand every stream's buffered tasks to its worker."""

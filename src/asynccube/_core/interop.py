@@ -1,0 +1,255 @@
+"""DLPack exchange between a client's tensors and other array libraries.
+
+Export (``Tensor.__dlpack__``): the tensor's memory is handed to the consumer without a
+copy, wrapped in an array whose base holds the tensor's :class:`Handle`, so the buffer
+stays alive (and out of the pools) as long as the consumer holds it. The server says
+where the bytes are (``export_view``) once no queued work can still touch them; on the
+host server a CPU consumer has no stream to be ordered after, so a tensor with work
+still queued is refused with :class:`DLPackError` (``await client.sync()`` first) rather
+than the event loop being blocked. The capsule itself (versioned when the consumer asks
+with ``max_version``) is made by numpy's own DLPack export.
+
+Import (``client.from_dlpack(obj)``): the producer's memory is bound to a new handle
+(``import_view``) without a copy; the bound view keeps ``obj`` alive while any handle,
+binding or queued task refers to it, and the memory never enters the pools.
+
+Servers without these hooks (CUDA, for now) refuse with :class:`DLPackError`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import DLPackError, InvalidArgument
+from .stream_id import StreamId
+
+if TYPE_CHECKING:
+    from .client_core import ClientCore
+    from .tensor import Tensor
+
+__all__ = [
+    "KDL_CPU",
+    "KDL_CUDA",
+    "dlpack_device",
+    "export_dlpack",
+    "import_dlpack",
+    "tensor_strides",
+]
+
+KDL_CPU = 1
+KDL_CUDA = 2
+
+
+def client_of(tensor: Tensor) -> ClientCore:
+    """The client a tensor was made by, or InvalidArgument saying how to get one."""
+    ref: weakref.ReferenceType[ClientCore] | None = tensor._client
+    client = ref() if ref is not None else None
+    if client is None:
+        raise InvalidArgument(
+            "this Tensor has no live client to export it from: make tensors with "
+            "client.tensor(handle, shape, dtype), client.create_array(...) or "
+            "client.from_dlpack(...), and keep the client open while exporting"
+        )
+    return client
+
+
+def dlpack_device(tensor: Tensor) -> tuple[int, int]:
+    """``(device type, index)`` as DLPack numbers them: kDLCPU 1, kDLCUDA 2."""
+    device = client_of(tensor).device
+    if device == "host":
+        return (KDL_CPU, 0)
+    kind, _, index = device.partition(":")
+    return (KDL_CUDA if kind == "cuda" else KDL_CPU, int(index or 0))
+
+
+def export_dlpack(
+    tensor: Tensor,
+    stream: Any,
+    max_version: Any,
+    dl_device: Any,
+    copy: Any,
+) -> Any:
+    """A DLPack capsule over ``tensor``'s memory (see the module docstring)."""
+    client = client_of(tensor)
+    client._channel.check()
+    device = dlpack_device(tensor)
+    _check_request(device, stream, max_version, dl_device, copy)
+    if not client._channel.idle():
+        raise DLPackError(_BUSY)
+    exporter = getattr(client._server, "export_view", None)
+    if exporter is None:
+        raise DLPackError(f"DLPack export is not supported on {client.device} yet")
+    view = exporter(tensor.binding(), StreamId.current())
+    array = np.asarray(_Exported(tensor, view))
+    kwargs: dict[str, Any] = {"copy": copy} if copy is not None else {}
+    if max_version is not None:
+        kwargs["max_version"] = tuple(max_version)
+    return array.__dlpack__(**kwargs)
+
+
+_BUSY = (
+    "this client still has commands queued; `await client.sync()` before exporting "
+    "a tensor to a consumer that cannot be ordered after them"
+)
+
+
+def _check_request(
+    device: tuple[int, int], stream: Any, max_version: Any, dl_device: Any, copy: Any
+) -> None:
+    if device[0] == KDL_CPU and stream is not None:
+        raise DLPackError(
+            f"__dlpack__(stream={stream!r}) on a CPU tensor: CPU memory has no streams, "
+            "pass stream=None"
+        )
+    if max_version is not None and not _is_version(max_version):
+        raise DLPackError(
+            f"max_version must be a (major, minor) tuple of ints, got {max_version!r}"
+        )
+    if dl_device is not None and tuple(dl_device) != device:
+        raise DLPackError(
+            f"dl_device={tuple(dl_device)!r} asks for another device than the tensor's "
+            f"{device!r}; read it with `await client.read_array(tensor)` to get a copy"
+        )
+    if copy not in (None, True, False):
+        raise DLPackError(f"copy must be None, True or False, got {copy!r}")
+
+
+def _is_version(value: Any) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    )
+
+
+class _Exported:
+    """The numpy array interface over an exported tensor; as the exported array's base,
+    it keeps the tensor's handle (so its buffer) alive while the consumer holds it."""
+
+    __slots__ = ("__array_interface__", "handle")
+
+    def __init__(self, tensor: Tensor, view: npt.NDArray[np.uint8]) -> None:
+        itemsize = tensor.dtype.itemsize
+        needed = tensor.nbytes_spanned()
+        if needed > view.nbytes:
+            raise InvalidArgument(
+                f"{tensor!r} addresses {needed} bytes but its buffer holds {view.nbytes}"
+            )
+        self.handle = tensor.handle
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": tensor.shape,
+            "typestr": tensor.dtype.str,
+            "descr": tensor.dtype.descr,
+            "data": (view.__array_interface__["data"][0], False),
+            "strides": tuple(s * itemsize for s in tensor.strides),
+        }
+
+
+def tensor_strides(shape: Sequence[int], strides: Sequence[int] | None) -> tuple[int, ...]:
+    """``strides`` checked against ``shape`` (ints >= 0, one per dimension), or the
+    C-contiguous strides of ``shape`` (in elements) when None."""
+    dims = _ints("shape", shape)
+    if strides is None:
+        out, step = [], 1
+        for d in reversed(dims):
+            out.append(step)
+            step *= max(d, 1)
+        return tuple(reversed(out))
+    given = _ints("strides", strides)
+    if len(given) != len(dims):
+        raise InvalidArgument(
+            f"strides {given} and shape {dims} differ in length; give one stride per "
+            "dimension, in elements"
+        )
+    return given
+
+
+def _ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
+    try:
+        items = tuple(values)
+    except TypeError:
+        raise InvalidArgument(f"{name} must be a sequence of ints, got {values!r}") from None
+    if not all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in items):
+        raise InvalidArgument(f"{name} must be a sequence of ints, got {values!r}")
+    if any(v < 0 for v in items):
+        raise InvalidArgument(f"{name} must hold ints >= 0, got {items}")
+    return tuple(int(v) for v in items)
+
+
+def import_dlpack(client: ClientCore, obj: Any) -> tuple[Any, npt.NDArray[Any]]:
+    """Bind ``obj``'s memory to a new handle without a copy; return the handle and
+    the numpy array over that memory (which keeps ``obj`` alive)."""
+    client._channel.check()
+    importer = getattr(client._server, "import_view", None)
+    if importer is None:
+        raise DLPackError(f"DLPack import is not supported on {client.device} yet")
+    array = _host_array(obj)
+    flat = np.asarray(_Imported(obj, array))
+    handle = client._server.new_handle(flat.nbytes, StreamId.current())
+    client._channel.send(_bind, importer, handle, flat, StreamId.current())
+    return handle, array
+
+
+class _Imported:
+    """The bytes of an imported array; as their base, it keeps the producer ``obj``
+    alive while any handle, binding or queued task refers to them."""
+
+    __slots__ = ("__array_interface__", "obj")
+
+    def __init__(self, obj: Any, array: npt.NDArray[Any]) -> None:
+        self.obj = obj
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": (array.nbytes,),
+            "typestr": "|u1",
+            "data": (array.__array_interface__["data"][0], False),
+        }
+
+
+def _bind(importer: Any, handle: Any, flat: npt.NDArray[np.uint8], stream: StreamId) -> None:
+    importer(handle, flat, stream)
+
+
+def _host_array(obj: Any) -> npt.NDArray[Any]:
+    """``obj`` as a C-contiguous, writable numpy array sharing its memory, or a
+    DLPackError naming what stands in the way."""
+    device = _device_of(obj)
+    if device[0] != KDL_CPU:
+        raise DLPackError(
+            f"{type(obj).__name__} lives on DLPack device {device!r}, not on this "
+            "client's host memory (kDLCPU, 1); import it into a client on that device"
+        )
+    try:
+        array = np.from_dlpack(obj)
+    except (BufferError, TypeError, RuntimeError, ValueError) as exc:
+        raise DLPackError(f"cannot import {type(obj).__name__} through DLPack: {exc}") from exc
+    if not array.flags.writeable:
+        raise DLPackError(
+            f"{type(obj).__name__} is read-only; asynccube kernels may write to any "
+            "buffer, so import a writable array (e.g. a copy)"
+        )
+    if not array.flags.c_contiguous:
+        raise DLPackError(
+            f"{type(obj).__name__} is not C-contiguous (strides {array.strides} for "
+            f"shape {array.shape}); import a contiguous one (e.g. np.ascontiguousarray)"
+        )
+    if array.dtype.hasobject or array.dtype.kind not in "biufc":
+        raise DLPackError(f"dtype {array.dtype} cannot be expressed in a Tensor")
+    return array
+
+
+def _device_of(obj: Any) -> tuple[int, int]:
+    method = getattr(obj, "__dlpack_device__", None)
+    if method is None or not hasattr(obj, "__dlpack__"):
+        raise DLPackError(
+            f"{type(obj).__name__} does not implement the DLPack protocol "
+            "(__dlpack__ and __dlpack_device__)"
+        )
+    kind, index = method()
+    return int(kind), int(index)

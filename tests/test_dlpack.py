@@ -1,0 +1,210 @@
+"""DLPack on the host server: export to numpy and import from it without a copy, buffer
+lifetimes, and every bad input refused with a typed error while the client serves on."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asynccube as ac
+
+from .kernels import SLOW_FILL
+
+
+class Producer:
+    """A DLPack producer that can be weakly referenced (numpy arrays cannot)."""
+
+    def __init__(self, array: np.ndarray[Any, Any], device: tuple[int, int] = (1, 0)) -> None:
+        self.array = array
+        self.device = device
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+
+async def _serves(client: ac.ComputeClient) -> None:
+    """The client still works."""
+    assert (await client.read([client.create(b"ok")]))[0] == b"ok"
+
+
+@pytest.mark.asyncio
+async def test_export_shares_memory_with_numpy(host_client: ac.ComputeClient) -> None:
+    t = host_client.create_array(np.arange(6, dtype=np.float32).reshape(2, 3))
+    await host_client.sync()
+    assert t.__dlpack_device__() == (1, 0)
+    a = np.from_dlpack(t)
+    assert a.shape == (2, 3) and a.dtype == np.float32
+    np.testing.assert_array_equal(a, np.arange(6).reshape(2, 3))
+    a[1, 2] = 42.0  # the consumer writes asynccube's buffer: no copy was made
+    assert (await host_client.read_array(t))[1, 2] == 42.0
+
+
+@pytest.mark.asyncio
+async def test_export_of_a_strided_view(host_client: ac.ComputeClient) -> None:
+    h = host_client.create(np.arange(12, dtype=np.int32))
+    view = host_client.tensor(h, (3, 2), np.int32, strides=(4, 2))
+    await host_client.sync()
+    np.testing.assert_array_equal(np.from_dlpack(view), [[0, 2], [4, 6], [8, 10]])
+
+
+@pytest.mark.asyncio
+async def test_versioned_capsule_only_when_asked(host_client: ac.ComputeClient) -> None:
+    t = host_client.create_array(np.zeros(4, np.uint8))
+    await host_client.sync()
+    assert "dltensor_versioned" in repr(t.__dlpack__(max_version=(1, 0)))
+    legacy = repr(t.__dlpack__())
+    assert '"dltensor"' in legacy
+
+
+@pytest.mark.asyncio
+async def test_exported_buffer_outlives_the_tensor_and_is_not_reused(
+    host_client: ac.ComputeClient,
+) -> None:
+    t = host_client.create_array(np.full(1024, 7, np.int64))
+    await host_client.sync()
+    consumer = np.from_dlpack(t)
+    del t
+    gc.collect()
+    others = [host_client.create_array(np.full(1024, -1, np.int64)) for _ in range(8)]
+    await host_client.sync()
+    assert (consumer == 7).all()  # the pool did not hand the slice to another buffer
+    assert len(others) == 8
+
+
+@pytest.mark.asyncio
+async def test_import_shares_memory_and_never_enters_the_pools(
+    host_client: ac.ComputeClient,
+) -> None:
+    before = await host_client.memory_usage()
+    x = np.arange(8, dtype=np.float64).reshape(2, 4)
+    t = host_client.from_dlpack(x)
+    assert (t.shape, t.strides, t.dtype) == ((2, 4), (4, 1), np.float64)
+    x[0, 0] = -5.0  # the producer writes: asynccube sees it
+    assert (await host_client.read_array(t))[0, 0] == -5.0
+    host_client.write([(t.copy_descriptor(), np.full((2, 4), 3.0))])
+    await host_client.sync()
+    assert (x == 3.0).all()  # asynccube writes the producer's memory
+    assert (await host_client.memory_usage()).bytes_in_use == before.bytes_in_use
+
+
+@pytest.mark.asyncio
+async def test_import_keeps_the_producer_alive_while_used(host_client: ac.ComputeClient) -> None:
+    producer = Producer(np.full(16, 9, np.int16))
+    alive = weakref.ref(producer)
+    t = host_client.from_dlpack(producer)
+    del producer
+    gc.collect()
+    assert alive() is not None
+    assert (await host_client.read_array(t) == 9).all()
+    del t
+    await host_client.sync()
+    await host_client.memory_usage()  # the actor drains dropped handles
+    gc.collect()
+    assert alive() is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("obj", "words"),
+    [
+        (np.arange(8, dtype=np.float32)[::2], "not C-contiguous"),
+        (Producer(np.zeros(4, np.float32), device=(2, 0)), r"device \(2, 0\)"),
+        (b"bytes", "does not implement the DLPack protocol"),
+    ],
+    ids=["strided", "foreign-device", "no-protocol"],
+)
+async def test_bad_imports_are_refused(host_client: ac.ComputeClient, obj: Any, words: str) -> None:
+    with pytest.raises(ac.DLPackError, match=words):
+        host_client.from_dlpack(obj)
+    await _serves(host_client)
+
+
+@pytest.mark.asyncio
+async def test_read_only_import_is_refused(host_client: ac.ComputeClient) -> None:
+    x = np.zeros(4, np.float32)
+    x.flags.writeable = False
+    with pytest.raises(ac.DLPackError, match="read-only"):
+        host_client.from_dlpack(x)
+    await _serves(host_client)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"stream": 1}, "CPU memory has no streams"),
+        ({"dl_device": (2, 0)}, "another device"),
+        ({"max_version": "1.0"}, "max_version must be"),
+        ({"copy": "yes"}, "copy must be"),
+    ],
+)
+async def test_bad_export_requests_are_refused(
+    host_client: ac.ComputeClient, kwargs: dict[str, Any], words: str
+) -> None:
+    t = host_client.create_array(np.zeros(4, np.float32))
+    await host_client.sync()
+    with pytest.raises(ac.DLPackError, match=words):
+        t.__dlpack__(**kwargs)
+    await _serves(host_client)
+
+
+@pytest.mark.asyncio
+async def test_export_with_work_queued_is_refused_not_blocked(
+    host_client: ac.ComputeClient,
+) -> None:
+    t = host_client.create_array(np.zeros(4, np.float32))
+    bindings = (
+        ac.Bindings()
+        .with_buffers([t.binding()])
+        .with_scalar(np.float32, [0.05])
+        .with_scalar(np.uint8, [0])
+    )
+    host_client.execute(SLOW_FILL, ac.CubeCount(1), bindings)  # 50 ms on a worker
+    with pytest.raises(ac.DLPackError, match=r"await client.sync\(\)"):
+        np.from_dlpack(t)
+    await host_client.sync()
+    assert np.from_dlpack(t).shape == (4,)
+
+
+@pytest.mark.asyncio
+async def test_export_from_a_closed_client_or_freed_tensor() -> None:
+    client = await ac.connect("host")
+    t = client.create_array(np.zeros(4, np.float32))
+    bare = ac.Tensor(t.handle, t.shape, t.strides, t.dtype)
+    with pytest.raises(ac.InvalidArgument, match=r"client\.tensor"):
+        np.from_dlpack(bare)
+    await client.close()
+    with pytest.raises(ac.ClientClosedError):
+        np.from_dlpack(t)
+
+
+@pytest.mark.asyncio
+async def test_export_of_an_invalid_handle(host_client: ac.ComputeClient) -> None:
+    other = await ac.connect("host")
+    try:
+        foreign = host_client.tensor(other.create(b"abcd"), (4,), np.uint8)
+        await other.sync()
+        with pytest.raises(ac.InvalidHandle):
+            np.from_dlpack(foreign)
+    finally:
+        await other.close()
+    await _serves(host_client)
+
+
+@pytest.mark.asyncio
+async def test_tensor_view_arguments_are_checked(host_client: ac.ComputeClient) -> None:
+    h = host_client.create(bytes(16))
+    with pytest.raises(ac.InvalidArgument, match="addresses 32 bytes"):
+        host_client.tensor(h, (8,), np.float32)
+    with pytest.raises(ac.InvalidArgument, match="differ in length"):
+        host_client.tensor(h, (2, 2), np.float32, strides=(1,))
+    with pytest.raises(ac.InvalidArgument, match="ints >= 0"):
+        host_client.tensor(h, (-1,), np.float32)
+    assert host_client.tensor(h, (2, 2), np.float32).strides == (2, 1)
