@@ -1,32 +1,27 @@
-"""Shared fixtures: the loop-lag probe on every async test, clients, GPU detection."""
+"""Project-wide test settings. Devices, clients, the ``cuda`` marker and the loop-lag
+probe come from asynccube's own pytest plugin (``-p asynccube.pytest_plugin`` in
+pyproject's addopts; ``asynccube_max_lag_ms = "5"`` turns the probe on for every async
+test, ``ASYNCCUBE_MAX_LAG_MS`` overrides it)."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import gc
 import sys
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import numpy.testing  # noqa: F401 - imported lazily otherwise, inside a test step
 import pytest
 import pytest_asyncio
 
 import asynccube as ac
-from asynccube._core.devices import probe_gpus
-
-from .lagprobe import MAX_LAG_SECONDS, LoopLagProbe
+from asynccube.pytest_plugin import LAG_FAILURE
 
 with warnings.catch_warnings():
     # trio's hypothesis hook warns when hypothesis is first imported (late, at session
     # end, under "warnings are errors" otherwise); it is harmless: import it here.
     warnings.simplefilter("ignore")
     import hypothesis  # noqa: F401
-
-_GPU = probe_gpus()
-LAG_FAILURE = "the event loop was blocked"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,55 +41,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skip_cuda = pytest.mark.skip(reason=f"needs a CUDA GPU: {_GPU.reason}")
-    for item in items:
-        if "cuda" in item.keywords and not _GPU.usable:
-            item.add_marker(skip_cuda)
-        if item.get_closest_marker("asyncio") and not item.get_closest_marker("allow_loop_lag"):
-            assert isinstance(item, pytest.Function)
-            item.obj = _with_lag_probe(item.obj)
+@pytest.fixture
+def device(asynccube_device: str) -> str:
+    """Each device (the plugin's ``asynccube_device``): the host, and cuda:0 (marked
+    ``cuda``: skipped where no GPU is usable, selected by ``pytest -m cuda``)."""
+    return asynccube_device
 
 
-def _with_lag_probe(test: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
-    """Wrap an async test so that it fails if its loop is blocked for more than 5 ms
-    (``ASYNCCUBE_MAX_LAG_MS``) while the test body runs (fixtures run with the loop
-    stopped in between)."""
-
-    @functools.wraps(test)
-    async def probed(*args: Any, **kwargs: Any) -> None:
-        probe = LoopLagProbe()
-        probe.start()
-        await asyncio.sleep(0)  # the body starts in a new loop step, which the probe times
-        try:
-            await test(*args, **kwargs)
-        finally:
-            worst = await probe.stop()
-        if worst > MAX_LAG_SECONDS:
-            limit = f"limit {MAX_LAG_SECONDS * 1e3:g} ms"
-            pytest.fail(f"{LAG_FAILURE} for {worst * 1e3:.1f} ms ({limit}) by {probe.culprit}")
-
-    return probed
-
-
-_DEVICES = ["host", pytest.param("cuda:0", marks=pytest.mark.cuda)]
-
-
-@pytest.fixture(params=_DEVICES)
-def device(request: pytest.FixtureRequest) -> str:
-    """Each device: the host, and cuda:0 (marked ``cuda``: skipped where no GPU is usable,
-    selected by ``pytest -m cuda``)."""
-    param: str = request.param
-    return param
-
-
-@pytest_asyncio.fixture
-async def client(device: str) -> AsyncIterator[ac.ComputeClient]:
-    """An open client on each device; closed (and checked to close cleanly) after."""
-    c = await ac.connect(device)
-    yield c
-    if not c.closed:
-        await c.close()
+@pytest.fixture
+def client(asynccube_client: ac.ComputeClient) -> ac.ComputeClient:
+    """An open client on each device (the plugin's ``asynccube_client``): closed after,
+    and the test fails on errors nobody awaited or bytes still in use."""
+    return asynccube_client
 
 
 @pytest_asyncio.fixture

@@ -1,0 +1,104 @@
+"""asynccube's pytest plugin, run on small suites with pytester: devices, the client
+fixture's checks, the cuda marker, the blocked-loop detector, and the README example."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+README = Path(__file__).parent.parent / "README.md"
+PLUGIN = ("-p", "asynccube.pytest_plugin", "-p", "no:cacheprovider", "-p", "no:randomly")
+ASYNCIO_INI = """
+[pytest]
+asyncio_mode = strict
+asyncio_default_fixture_loop_scope = function
+"""
+
+
+def _run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
+    pytester.makeini(ASYNCIO_INI)
+    pytester.makepyfile(test_user=source)
+    return pytester.runpytest_subprocess(*PLUGIN, *args)
+
+
+def test_readme_example_passes(pytester: pytest.Pytester) -> None:
+    text = README.read_text()
+    code = text.split("## Testing your code", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    result = _run(pytester, code, "-rs", "--asynccube-devices", "host")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])
+
+
+def test_devices_default_to_host_and_gpus(pytester: pytest.Pytester) -> None:
+    source = "def test_d(asynccube_device):\n    assert asynccube_device\n"
+    result = _run(pytester, source, "-v")
+    result.stdout.fnmatch_lines(["*test_d?host?*PASSED*", "*test_d?cuda:0?*"])
+
+
+def test_leaked_bytes_fail_the_test(pytester: pytest.Pytester) -> None:
+    source = """
+import pytest
+KEEP = []
+
+@pytest.mark.asyncio
+async def test_leaks(asynccube_client):
+    KEEP.append(asynccube_client.create(b"x" * 64))
+"""
+    result = _run(pytester, source, "--asynccube-devices", "host")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*bytes still in use after the test*"])
+
+
+def test_unawaited_errors_fail_the_test(pytester: pytest.Pytester) -> None:
+    source = """
+import asynccube as ac
+import pytest
+
+@pytest.mark.asyncio
+async def test_forgets(asynccube_client):
+    h = asynccube_client.create(b"abcd")
+    asynccube_client.write([(h.copy_descriptor((8,), (1,), 1), bytes(8))])
+"""
+    result = _run(pytester, source, "--asynccube-devices", "host")
+    result.assert_outcomes(passed=1, errors=1)
+
+
+def test_blocked_loop_detector_is_off_by_default(pytester: pytest.Pytester) -> None:
+    source = """
+import time
+import pytest
+
+@pytest.mark.asyncio
+async def test_blocks():
+    time.sleep(0.05)
+"""
+    _run(pytester, source).assert_outcomes(passed=1)
+    result = pytester.runpytest_subprocess(*PLUGIN, "--asynccube-max-lag-ms", "5")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the event loop was blocked for*ms (limit 5 ms)*"])
+
+
+def test_anyio_plugin_runs_the_client_fixture(pytester: pytest.Pytester) -> None:
+    source = """
+import pytest
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+@pytest.mark.anyio
+async def test_anyio(asynccube_client):
+    (data,) = await asynccube_client.read([asynccube_client.create(b"ok")])
+    assert data == b"ok"
+"""
+    _run(pytester, source, "--asynccube-devices", "host").assert_outcomes(passed=1)
+
+
+def test_a_bad_device_name_stops_the_run(pytester: pytest.Pytester) -> None:
+    source = "def test_d(asynccube_device):\n    pass\n"
+    result = _run(pytester, source, "--asynccube-devices", "tpu:0")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*tpu:0*"])
