@@ -208,3 +208,10 @@ async def test_tensor_view_arguments_are_checked(host_client: ac.ComputeClient) 
     with pytest.raises(ac.InvalidArgument, match="ints >= 0"):
         host_client.tensor(h, (-1,), np.float32)
     assert host_client.tensor(h, (2, 2), np.float32).strides == (2, 1)
+
+
+@pytest.mark.asyncio
+async def test_host_tensors_have_no_cuda_array_interface(host_client: ac.ComputeClient) -> None:
+    t = host_client.create_array(np.zeros(4, np.float32))
+    assert not hasattr(t, "__cuda_array_interface__")
+    await _serves(host_client)

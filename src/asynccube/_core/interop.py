@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 __all__ = [
+    "cuda_array_interface",
     "KDL_CPU",
     "KDL_CUDA",
     "dlpack_device",
@@ -83,13 +84,45 @@ def export_dlpack(
         raise DLPackError(_BUSY)
     exporter = getattr(client._server, "export_view", None)
     if exporter is None:
-        raise DLPackError(f"DLPack export is not supported on {client.device} yet")
+        raise DLPackError(
+            f"DLPack export is not supported on {client.device} yet; CUDA consumers "
+            "take the tensor through __cuda_array_interface__ (cupy.asarray(tensor), "
+            "torch.as_tensor(tensor, device='cuda'))"
+        )
     view = exporter(tensor.binding(), StreamId.current())
     array = np.asarray(_Exported(tensor, view))
     kwargs: dict[str, Any] = {"copy": copy} if copy is not None else {}
     if max_version is not None:
         kwargs["max_version"] = tuple(max_version)
     return array.__dlpack__(**kwargs)
+
+
+def cuda_array_interface(tensor: Tensor) -> dict[str, Any]:
+    """``__cuda_array_interface__`` v3 of a tensor on a CUDA client: its address, and
+    as ``stream`` the CUDA stream after whose queued work the data is complete (the
+    consumer orders its own work after that stream). AttributeError elsewhere, so that
+    ``hasattr`` is False for tensors in host memory."""
+    client = client_of(tensor)
+    exporter = getattr(client._server, "export_pointer", None)
+    if exporter is None:
+        raise AttributeError(
+            f"__cuda_array_interface__: the tensor lives on {client.device}, not on a GPU"
+        )
+    client._channel.check()
+    if not client._channel.idle():
+        raise DLPackError(_BUSY)
+    if tensor.nbytes_spanned() > tensor.handle.size:
+        raise InvalidArgument(f"{tensor!r} addresses more bytes than its buffer holds")
+    ptr, stream = exporter(tensor.binding(), StreamId.current())
+    itemsize = tensor.dtype.itemsize
+    return {
+        "version": 3,
+        "shape": tensor.shape,
+        "typestr": tensor.dtype.str,
+        "data": (ptr, False),
+        "strides": tuple(s * itemsize for s in tensor.strides),
+        "stream": stream or 2,  # 0 is not allowed; 2: the per-thread default stream
+    }
 
 
 _BUSY = (

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import InvalidArgument
-from .interop import dlpack_device, export_dlpack
+from .interop import cuda_array_interface, dlpack_device, export_dlpack
 from .types import Binding, CopyDescriptor, Handle
 
 if TYPE_CHECKING:
@@ -76,6 +76,12 @@ class Tensor:
         """``(device type, index)``: ``(1, 0)`` (kDLCPU) on the host server,
         ``(2, N)`` (kDLCUDA) on ``cuda:N``."""
         return dlpack_device(self)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA Array Interface v3 on a CUDA client (with ``stream``: the consumer
+        orders its work after asynccube's); AttributeError for host memory."""
+        return cuda_array_interface(self)
 
     def nbytes_spanned(self) -> int:
         """Bytes from the first element to just past the last one addressed."""

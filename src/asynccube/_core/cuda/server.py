@@ -52,6 +52,7 @@ from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier
 from .driver import DeviceContext, check, cu, device_properties
 from .hotpath import hot
+from .interop import InteropOps
 from .launch import WARM_KERNEL, LaunchOps
 from .lifecycle import LifecycleOps
 from .state import LoadedKernel
@@ -69,7 +70,7 @@ _ROW_ALIGN: Final = 256
 """Pitch alignment (bytes) of OPTIMIZED rows."""
 
 
-class CudaServer(LaunchOps, TransferOps, LifecycleOps):
+class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps):
     """The CUDA server. See the module docstring.
 
     Args:

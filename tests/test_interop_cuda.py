@@ -1,0 +1,69 @@
+"""Zero-copy exchange with CuPy and PyTorch on the GPU (``__cuda_array_interface__``
+v3, with its stream): the consumer sees asynccube's memory, ordered after its work, and
+the buffer outlives the tensor while the consumer holds it."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asynccube as ac
+
+pytestmark = [pytest.mark.cuda, pytest.mark.asyncio, pytest.mark.allow_loop_lag]
+
+
+def _consumers() -> list[Any]:
+    out = []
+    try:
+        import cupy
+
+        out.append(("cupy", lambda t: cupy.asarray(t), lambda a: a.data.ptr, cupy.asnumpy))
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        out.append(
+            (
+                "torch",
+                lambda t: torch.as_tensor(t, device="cuda"),
+                lambda a: a.data_ptr(),
+                lambda a: a.cpu().numpy(),
+            )
+        )
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("consumer", _consumers(), ids=lambda c: c[0])
+async def test_consumer_shares_memory_in_order(consumer: Any) -> None:
+    _, take, pointer, to_numpy = consumer
+    async with ac.open_client("cuda:0") as client:
+        data = np.arange(1 << 16, dtype=np.float32)
+        t = client.create_array(data)  # queued: the consumer must be ordered after it
+        cai = t.__cuda_array_interface__
+        assert cai["version"] == 3 and cai["stream"] not in (0, None)
+        array = take(t)
+        assert pointer(array) == cai["data"][0]  # no copy
+        np.testing.assert_array_equal(to_numpy(array), data)
+        del t
+        gc.collect()
+        await client.sync()
+        others = [client.create_array(np.full(1 << 16, -1, np.float32)) for _ in range(4)]
+        await client.sync()
+        np.testing.assert_array_equal(to_numpy(array), data)  # not reused by the pool
+        assert len(others) == 4
+        del array
+
+
+async def test_dlpack_on_cuda_is_refused_with_a_pointer_to_cai() -> None:
+    async with ac.open_client("cuda:0") as client:
+        t = client.create_array(np.zeros(4, np.float32))
+        assert t.__dlpack_device__() == (2, 0)
+        with pytest.raises(ac.DLPackError, match="__cuda_array_interface__"):
+            t.__dlpack__()
+        await client.sync()
