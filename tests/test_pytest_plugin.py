@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from asynccube._core.devices import probe_gpus
+
 pytest_plugins = ["pytester"]
 
 README = Path(__file__).parent.parent / "README.md"
@@ -28,8 +30,11 @@ def test_readme_example_passes(pytester: pytest.Pytester) -> None:
     text = README.read_text()
     code = text.split("## Testing your code", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     result = _run(pytester, code, "-rs", "--asynccube-devices", "host")
-    result.assert_outcomes(passed=1, skipped=1)
-    result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])
+    if probe_gpus().usable:
+        result.assert_outcomes(passed=2)
+    else:
+        result.assert_outcomes(passed=1, skipped=1)
+        result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])
 
 
 def test_devices_default_to_host_and_gpus(pytester: pytest.Pytester) -> None:
