@@ -3,6 +3,7 @@ fixture's checks, the cuda marker, the blocked-loop detector, and the README exa
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,14 @@ ASYNCIO_INI = """
 asyncio_mode = strict
 asyncio_default_fixture_loop_scope = function
 """
+
+
+@pytest.fixture(autouse=True)
+def _absolute_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inner runs start elsewhere: a relative PYTHONPATH (src) must not break them."""
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    absolute = os.pathsep.join(os.path.abspath(e) for e in entries if e)
+    monkeypatch.setenv("PYTHONPATH", absolute)
 
 
 def _run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
