@@ -4,6 +4,7 @@ the buffer outlives the tensor while the consumer holds it."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from typing import Any
 
@@ -61,6 +62,8 @@ async def test_consumer_shares_memory_in_order(consumer: Any) -> None:
         await client.sync()
         for _ in range(20):  # queued on asynccube's stream, not waited for
             client.execute(SCALE, blocks(n), _scale(t, 2.0, n))
+        while not client._channel.idle():  # noqa: ASYNC110 - past the 1 ms inline budget, the actor
+            await asyncio.sleep(0)  # issues the rest (to the stream, not waited for)
         cai = t.__cuda_array_interface__
         assert cai["version"] == 3 and cai["stream"] not in (0, None)
         array = take(t)  # ordered after asynccube's stream by the consumer

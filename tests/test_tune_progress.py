@@ -11,7 +11,8 @@ import pytest
 from tqdm.auto import tqdm
 
 import asynccube as ac
-from asynccube._core.tune import progress
+from asynccube._core import progress
+from asynccube._core.demo import run_demo
 
 from .tune_helpers import three_speeds, tuner
 
@@ -61,3 +62,17 @@ async def test_silent_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not bar.shown
     bar.step("a")  # a silent bar accepts steps
     bar.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.allow_loop_lag  # run_demo itself blocks the loop 6-7 ms here, with or without
+async def test_demo_shows_progress_when_interactive(  # a bar (demo.py; reported to issue 10)
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(progress, "interactive", lambda: True)
+    every_step = functools.partial(tqdm, mininterval=0)
+    monkeypatch.setattr(progress, "_tqdm_class", lambda: every_step)
+    report = await run_demo("host", tasks=3, elements=1024, rounds=1)
+    assert report.ok
+    err = capsys.readouterr().err
+    assert "demo on host" in err and "3/3" in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,7 @@ from .devices import parse_device, probe_gpus
 from .errors import InvalidArgument
 from .kernel import CudaSource, HostLaunch, Kernel
 from .open import open_client
+from .progress import Progress, open_progress
 
 __all__ = ["DemoReport", "check_demo_args", "format_report", "run_demo"]
 
@@ -107,6 +109,13 @@ async def _task(client: ComputeClient, seed: int, n: int, rounds: int) -> bool:
     return bool(got.shape == expected.shape and np.allclose(got, expected, rtol=1e-5))
 
 
+async def _counted(progress: Progress, task: Awaitable[bool]) -> bool:
+    """``await task``, then one step of ``progress``."""
+    result = await task
+    progress.step("done")
+    return result
+
+
 async def _choose_device(device: str | None) -> tuple[str, str]:
     """The device to run on and why."""
     if device is not None:
@@ -128,9 +137,13 @@ async def run_demo(
     async with open_client(chosen) as client:
         warm = await _task(client, tasks, _BLOCK, 1)  # compiles and loads the kernel
         start = time.perf_counter()
-        results = await asyncio.gather(
-            *(_task(client, seed, elements, rounds) for seed in range(tasks))
-        )
+        progress = await open_progress(tasks, f"demo on {chosen}")
+        try:
+            results = await asyncio.gather(
+                *(_counted(progress, _task(client, s, elements, rounds)) for s in range(tasks))
+            )
+        finally:
+            progress.close()
         seconds = time.perf_counter() - start
         usage = await client.memory_usage()
         matched = sum(results) + warm

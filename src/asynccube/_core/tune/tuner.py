@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import AutotuneCheckError, AutotuneError, InvalidArgument
 from ..logging import area_logger
+from ..progress import open_progress
 from .bench import SAMPLES_BY_LEVEL, benchmark, configured_samples, from_code
 from .cache import AutotuneOutcome, TuneCache, TuneResult, device_fingerprint
 from .checks import CheckReport, TuneChecks, run_checks
 from .key import AutotuneKey
-from .progress import open_progress
 from .tunable import Tunable, TunableSet
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
-"""Progress of a tuning run: a bar over a key's implementations, drawn by ``tqdm.auto``
-(a widget in Jupyter, text in a terminal) where tqdm is installed. Silent when tqdm is
-missing, when neither a terminal nor a notebook shows it, or when ``[autotune]
-progress`` is false (``ASYNCCUBE_AUTOTUNE_PROGRESS=false``)."""
+"""Progress of long work (a tuning run over a key's implementations, the demo's tasks):
+a bar drawn by ``tqdm.auto`` (a widget in Jupyter, text in a terminal) where tqdm is
+installed. Silent when tqdm is missing, when neither a terminal nor a notebook shows it,
+or when the caller disables it (``[autotune] progress = false`` for tuning)."""
 
 from __future__ import annotations
 
@@ -53,13 +53,19 @@ def interactive() -> bool:
 
 async def open_progress(total: int, description: str, *, enabled: bool = True) -> Progress:
     """A bar of ``total`` steps, or a silent :class:`Progress` (see the module doc).
-    tqdm is imported in a worker thread the first time (an import reads files)."""
+    The bar is made in a worker thread (see :func:`_new_bar`)."""
     if not enabled or total < 1 or not interactive():
         return Progress()
-    bar_class = await asyncio.to_thread(_tqdm_class)
+    return Progress(await asyncio.to_thread(_new_bar, total, description))
+
+
+def _new_bar(total: int, description: str) -> Any:
+    """A tqdm bar, or None without tqdm. Made in a worker thread: the first one imports
+    tqdm, creates its lock and starts its monitor thread, each too slow for the loop."""
+    bar_class = _tqdm_class()
     if bar_class is None:
-        return Progress()
-    return Progress(bar_class(total=total, desc=description, leave=False, dynamic_ncols=True))
+        return None
+    return bar_class(total=total, desc=description, leave=False, dynamic_ncols=True)
 
 
 def _tqdm_class() -> Any:
