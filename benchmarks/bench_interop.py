@@ -6,6 +6,7 @@ checked to share memory (same address).
 
 Host server: ``np.from_dlpack(tensor)`` (export) and ``client.from_dlpack(array)``
 (import) beside ``np.from_dlpack(array)`` between numpy arrays. On a GPU:
+``torch.from_dlpack(tensor)``, ``cupy.from_dlpack(tensor)``, and
 ``torch.as_tensor(tensor, device="cuda")`` and ``cupy.asarray(tensor)`` (through
 ``__cuda_array_interface__``) beside ``torch.utils.dlpack``/``cupy.from_dlpack`` between
 torch and CuPy. Writes ``results/interop*.md|json`` for ``report.py``.
@@ -73,6 +74,10 @@ async def gpu_rows(device: str, n: int) -> tuple[list[list[Any]], dict[str, Any]
         cc = cupy.asarray(t)
         torch_cai = per_call_us(lambda: torch.as_tensor(t, device="cuda"), rounds=500)
         cupy_cai = per_call_us(lambda: cupy.asarray(t), rounds=500)
+        td = torch.from_dlpack(t)
+        cd = cupy.from_dlpack(t)
+        torch_dl = per_call_us(lambda: torch.from_dlpack(t), rounds=500)
+        cupy_dl = per_call_us(lambda: cupy.from_dlpack(t), rounds=500)
         await client.sync()
     peer = torch.arange(n, dtype=torch.float32, device="cuda")
     torch.cuda.synchronize()
@@ -80,6 +85,12 @@ async def gpu_rows(device: str, n: int) -> tuple[list[list[Any]], dict[str, Any]
     cp_peer = cupy.arange(n, dtype=cupy.float32)
     to_torch = per_call_us(lambda: torch.utils.dlpack.from_dlpack(cp_peer), rounds=500)
     rows = [
+        ["asynccube -> torch.from_dlpack", f"{torch_dl:.2f}",
+         f"{to_torch:.2f} (cupy -> torch.from_dlpack)", f"{torch_dl / to_torch:.2f}x",
+         "yes" if td.data_ptr() == ptr else "NO"],
+        ["asynccube -> cupy.from_dlpack", f"{cupy_dl:.2f}",
+         f"{to_cupy:.2f} (torch -> cupy.from_dlpack)", f"{cupy_dl / to_cupy:.2f}x",
+         "yes" if cd.data.ptr == ptr else "NO"],
         ["asynccube -> torch.as_tensor (CAI)", f"{torch_cai:.2f}",
          f"{to_torch:.2f} (cupy -> torch.from_dlpack)", f"{torch_cai / to_torch:.2f}x",
          "yes" if tt.data_ptr() == ptr else "NO"],
@@ -88,6 +99,8 @@ async def gpu_rows(device: str, n: int) -> tuple[list[list[Any]], dict[str, Any]
          "yes" if cc.data.ptr == ptr else "NO"],
     ]  # fmt: skip
     figures = {
+        "torch_dlpack_us": torch_dl,
+        "cupy_dlpack_us": cupy_dl,
         "torch_cai_us": torch_cai,
         "cupy_cai_us": cupy_cai,
         "torch_from_cupy_dlpack_us": to_torch,
@@ -107,7 +120,7 @@ def main() -> None:
         name, title = "interop", "Interop: DLPack on the host server"
     else:
         rows, figures = asyncio.run(gpu_rows(args.device, args.n))
-        name, title = "interop_cuda", f"Interop: CUDA Array Interface on {args.device}"
+        name, title = "interop_cuda", f"Interop: DLPack and CUDA Array Interface on {args.device}"
     command = f"`python benchmarks/bench_interop.py --device {args.device} --n {args.n}`"
     body = table(header, rows) + f"\n\nHost time per exchange, {args.n} float32. {command}"
     write(name, title, environment(args.device), body, figures)

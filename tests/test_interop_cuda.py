@@ -90,11 +90,61 @@ async def test_cai_with_commands_still_queued_is_refused() -> None:
         assert t.__cuda_array_interface__["data"][0] != 0
 
 
-async def test_dlpack_on_cuda_is_refused_with_a_pointer_to_cai() -> None:
+def _dlpack_consumers() -> list[Any]:
+    out = []
+    try:
+        import cupy
+
+        out.append(("cupy", cupy.from_dlpack, lambda a: a.data.ptr, cupy.asnumpy))
+    except ImportError:
+        pass
+    try:
+        import torch
+
+        out.append(("torch", torch.from_dlpack, lambda a: a.data_ptr(), lambda a: a.cpu().numpy()))
+    except ImportError:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("consumer", _dlpack_consumers(), ids=lambda c: c[0])
+async def test_dlpack_consumer_shares_memory_in_order(consumer: Any) -> None:
+    _, from_dlpack, pointer, to_numpy = consumer
+    n = 1 << 20
+    async with ac.open_client("cuda:0") as client:
+        data = np.arange(n, dtype=np.float32)
+        t = client.create_array(data)
+        client.execute(SCALE, blocks(n), _scale(t, 1.0, n))
+        await client.sync()
+        assert t.__dlpack_device__() == (2, 0)
+        for _ in range(20):  # on asynccube's stream; the consumer's stream must wait
+            client.execute(SCALE, blocks(n), _scale(t, 2.0, n))
+        while not client._channel.idle():  # noqa: ASYNC110 - see above
+            await asyncio.sleep(0)
+        address = t.__cuda_array_interface__["data"][0]
+        array = from_dlpack(t)  # the consumer's stream waits for asynccube's
+        assert pointer(array) == address  # no copy
+        expected = data * 2.0**20
+        np.testing.assert_array_equal(to_numpy(array), expected)
+        del t
+        gc.collect()
+        await client.sync()
+        others = [client.create_array(np.full(n, -1, np.float32)) for _ in range(4)]
+        await client.sync()
+        np.testing.assert_array_equal(to_numpy(array), expected)  # held: not reused
+        assert len(others) == 4
+        del array
+
+
+async def test_bad_cuda_dlpack_requests_are_refused() -> None:
     async with ac.open_client("cuda:0") as client:
         t = client.create_array(np.zeros(4, np.float32))
         await client.sync()
-        assert t.__dlpack_device__() == (2, 0)
-        with pytest.raises(ac.DLPackError, match="__cuda_array_interface__"):
-            t.__dlpack__()
-        await client.sync()
+        with pytest.raises(ac.DLPackError, match="stream=0"):
+            t.__dlpack__(stream=0)
+        with pytest.raises(ac.DLPackError, match="copy=True"):
+            t.__dlpack__(copy=True)
+        with pytest.raises(ac.DLPackError, match="another device"):
+            t.__dlpack__(dl_device=(1, 0))
+        assert "dltensor_versioned" in repr(t.__dlpack__(stream=-1, max_version=(1, 0)))
+        assert (await client.read_array(t) == 0).all()  # still serving

@@ -13,7 +13,9 @@ Import (``client.from_dlpack(obj)``): the producer's memory is bound to a new ha
 (``import_view``) without a copy; the bound view keeps ``obj`` alive while any handle,
 binding or queued task refers to it, and the memory never enters the pools.
 
-Servers without these hooks (CUDA, for now) refuse with :class:`DLPackError`.
+On CUDA the capsule is made here (:mod:`.dlpack`): the consumer's stream waits, on the
+device, for asynccube's work on the buffer, and the capsule keeps the tensor's handle
+until the consumer's deleter runs. Import (``from_dlpack``) is host-only for now.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from .dlpack import make_capsule
 from .errors import DLPackError, InvalidArgument
 from .stream_id import StreamId
 
@@ -82,13 +85,11 @@ def export_dlpack(
     _check_request(device, stream, max_version, dl_device, copy)
     if not client._channel.idle():
         raise DLPackError(_BUSY)
+    if device[0] == KDL_CUDA:
+        return _export_cuda(client, tensor, device, stream, max_version, copy)
     exporter = getattr(client._server, "export_view", None)
     if exporter is None:
-        raise DLPackError(
-            f"DLPack export is not supported on {client.device} yet; CUDA consumers "
-            "take the tensor through __cuda_array_interface__ (cupy.asarray(tensor), "
-            "torch.as_tensor(tensor, device='cuda'))"
-        )
+        raise DLPackError(f"DLPack export is not supported on {client.device}")
     view = exporter(tensor.binding(), StreamId.current())
     array = np.asarray(_Exported(tensor, view))
     kwargs: dict[str, Any] = {"copy": copy} if copy is not None else {}
@@ -123,6 +124,38 @@ def cuda_array_interface(tensor: Tensor) -> dict[str, Any]:
         "strides": tuple(s * itemsize for s in tensor.strides),
         "stream": stream or 2,  # 0 is not allowed; 2: the per-thread default stream
     }
+
+
+def _export_cuda(
+    client: ClientCore,
+    tensor: Tensor,
+    device: tuple[int, int],
+    stream: Any,
+    max_version: Any,
+    copy: Any,
+) -> Any:
+    """A kDLCUDA capsule; the consumer's ``stream`` waits on the device for asynccube's
+    work on the buffer (None: the legacy default stream, 1; -1: no ordering)."""
+    if copy is True:
+        raise DLPackError(
+            "copy=True: asynccube shares, never copies, on export; read the tensor with "
+            "`await client.read_array(tensor)` for a copy"
+        )
+    if stream == 0 or isinstance(stream, bool) or not isinstance(stream, int | None):
+        raise DLPackError(
+            f"__dlpack__(stream={stream!r}): on CUDA give a stream handle (an int), 1 for "
+            "the legacy default stream, 2 for the per-thread one, or -1 for no ordering"
+        )
+    if tensor.nbytes_spanned() > tensor.handle.size:
+        raise InvalidArgument(f"{tensor!r} addresses more bytes than its buffer holds")
+    consumer = None if stream == -1 else (1 if stream is None else stream)
+    exporter = client._server.export_to_stream  # type: ignore[attr-defined]
+    address = exporter(tensor.binding(), StreamId.current(), consumer)
+    versioned = max_version is not None and max_version[0] >= 1
+    return make_capsule(
+        address, device, tensor.shape, tensor.strides, tensor.dtype, tensor.handle,
+        versioned=versioned,
+    )  # fmt: skip
 
 
 _BUSY = (

@@ -1,0 +1,78 @@
+"""The ctypes DLPack capsules (used for CUDA exports), checked on CPU memory with numpy
+as the consumer: legacy and versioned, strided, owner kept alive exactly as long as
+needed, and dtypes DLPack cannot express refused."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asynccube as ac
+from asynccube._core.dlpack import live_exports, make_capsule
+
+
+class Owner:
+    """Stands for the exported handle: must live while the consumer holds the data."""
+
+    def __init__(self, array: np.ndarray[Any, Any]) -> None:
+        self.array = array
+
+
+class Exporter:
+    def __init__(self, owner: Owner, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+        self.owner, self.shape, self.strides = owner, shape, strides
+
+    def __dlpack__(self, *, max_version: Any = None, **_: Any) -> Any:
+        a = self.owner.array
+        versioned = max_version is not None and max_version[0] >= 1
+        return make_capsule(
+            a.ctypes.data, (1, 0), self.shape, self.strides, a.dtype, self.owner,
+            versioned=versioned,
+        )  # fmt: skip
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+def test_numpy_consumes_and_releases(versioned: bool) -> None:
+    before = live_exports()
+    owner = Owner(np.arange(12, dtype=np.float64))
+    alive = weakref.ref(owner)
+    exporter = Exporter(owner, (3, 2), (4, 2))  # every other element of 3 rows of 4
+    del owner
+    capsule = exporter.__dlpack__(max_version=(1, 0) if versioned else None)
+    name = "dltensor_versioned" if versioned else "dltensor"
+    assert f'"{name}"' in repr(capsule)
+    del capsule  # never consumed: its destructor releases the export
+    gc.collect()
+    assert live_exports() == before
+    view = np.from_dlpack(exporter)
+    np.testing.assert_array_equal(view, [[0, 2], [4, 6], [8, 10]])
+    assert live_exports() == before + 1
+    del exporter
+    gc.collect()
+    assert alive() is not None  # the consumer's array keeps the owner
+    view[0, 0] = 99.0
+    assert alive().array[0] == 99.0  # type: ignore[union-attr]  # shared, not copied
+    del view
+    gc.collect()
+    assert live_exports() == before
+    assert alive() is None
+
+
+@pytest.mark.parametrize("dtype", ["f2", "f4", "i1", "u8", "c8", "?"])
+def test_dtypes_round_trip(dtype: str) -> None:
+    a = np.ones(3, dtype=dtype)
+    out = np.from_dlpack(Exporter(Owner(a), (3,), (1,)))
+    assert out.dtype == a.dtype and (out == a).all()
+
+
+def test_inexpressible_dtype_is_refused() -> None:
+    a = np.array(["x"], dtype=object)
+    with pytest.raises(ac.DLPackError, match="cannot be expressed"):
+        make_capsule(0, (1, 0), (1,), (1,), a.dtype, None, versioned=False)
