@@ -192,6 +192,12 @@ def asynccube_client(request: pytest.FixtureRequest, asynccube_device: str) -> C
     the test uses ``anyio_backend``, else pytest-asyncio's), checked and closed after."""
     if "anyio_backend" in request.fixturenames:
         client: ComputeClient = request.getfixturevalue("_asynccube_client_anyio")
+    elif _asynccube_client_asyncio is None:
+        pytest.fail(
+            "asynccube_client needs an async test runner: install pytest-asyncio (and mark "
+            "the test asyncio), or use anyio's plugin (mark it anyio, with anyio_backend)",
+            pytrace=False,
+        )
     else:
         client = request.getfixturevalue("_asynccube_client_asyncio")
     return client
