@@ -7,6 +7,7 @@ import anyio
 import pytest
 
 import asynccube as ac
+from asynccube._core import backend
 
 
 async def _round_trip() -> bytes:
@@ -38,3 +39,19 @@ def test_outside_any_event_loop_is_refused() -> None:
 @pytest.mark.asyncio
 async def test_asyncio_still_opens_after_a_refusal() -> None:
     assert await _round_trip() == b"abcd"
+
+
+@pytest.mark.parametrize("sniffio", [True, False], ids=["sniffio", "without-sniffio"])
+def test_detection_with_and_without_sniffio(monkeypatch: pytest.MonkeyPatch, sniffio: bool) -> None:
+    pytest.importorskip("trio")
+    if not sniffio:
+        monkeypatch.setattr(backend, "_sniffio", None)
+    assert backend.current_library() is None
+    assert anyio.run(_library, backend="asyncio") == "asyncio"
+    assert anyio.run(_library, backend="trio") == "trio"
+    with pytest.raises(ac.UnsupportedBackend, match="under trio"):
+        anyio.run(_round_trip, backend="trio")
+
+
+async def _library() -> str | None:
+    return backend.current_library()

@@ -10,12 +10,18 @@ trio, or from no event loop at all, fails at once with
 from __future__ import annotations
 
 import asyncio
-
-import sniffio
+import sys
+from types import ModuleType
 
 from .errors import UnsupportedBackend
 
-__all__ = ["SUPPORTED", "running_loop"]
+_sniffio: ModuleType | None
+try:
+    import sniffio as _sniffio
+except ImportError:  # a declared dependency, but a bare environment (PYTHONPATH=src) may
+    _sniffio = None  # lack it: detect asyncio and trio directly then
+
+__all__ = ["SUPPORTED", "current_library", "running_loop"]
 
 SUPPORTED = ("asyncio",)
 """The async libraries a client runs on."""
@@ -24,14 +30,13 @@ SUPPORTED = ("asyncio",)
 def running_loop(what: str) -> asyncio.AbstractEventLoop:
     """The running asyncio loop for ``what`` (e.g. ``"open_client()"``), or
     :class:`UnsupportedBackend` naming the library found and what to do."""
-    try:
-        library = sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
+    library = current_library()
+    if library is None:
         raise UnsupportedBackend(
             f"{what} needs a running asyncio event loop and none is running in this "
             "thread; call it from async code started by asyncio.run(main()) or "
             "anyio.run(main) (backend='asyncio')"
-        ) from None
+        )
     if library not in SUPPORTED:
         raise UnsupportedBackend(
             f"{what} was called under {library}, which asynccube does not run on yet; "
@@ -39,3 +44,22 @@ def running_loop(what: str) -> asyncio.AbstractEventLoop:
             f"backend='asyncio'), or reach an asyncio thread from {library}"
         )
     return asyncio.get_running_loop()
+
+
+def current_library() -> str | None:
+    """The async library running in this thread (sniffio's name), or None."""
+    if _sniffio is not None:
+        try:
+            return str(_sniffio.current_async_library())
+        except _sniffio.AsyncLibraryNotFoundError:
+            return None
+    if asyncio._get_running_loop() is not None:
+        return "asyncio"
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            return None
+        return "trio"
+    return None
