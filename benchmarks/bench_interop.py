@@ -79,12 +79,20 @@ async def gpu_rows(device: str, n: int) -> tuple[list[list[Any]], dict[str, Any]
         torch_dl = per_call_us(lambda: torch.from_dlpack(t), rounds=500)
         cupy_dl = per_call_us(lambda: cupy.from_dlpack(t), rounds=500)
         await client.sync()
+        x = torch.arange(n, dtype=torch.float32, device="cuda")
+        imported = client.from_dlpack(x)
+        round_trip = torch.from_dlpack(imported).data_ptr() == x.data_ptr()
+        torch_import = per_call_us(lambda: client.from_dlpack(x), rounds=500)
+        await client.sync()
     peer = torch.arange(n, dtype=torch.float32, device="cuda")
     torch.cuda.synchronize()
     to_cupy = per_call_us(lambda: cupy.from_dlpack(peer), rounds=500)
     cp_peer = cupy.arange(n, dtype=cupy.float32)
     to_torch = per_call_us(lambda: torch.utils.dlpack.from_dlpack(cp_peer), rounds=500)
     rows = [
+        ["torch -> client.from_dlpack", f"{torch_import:.2f}",
+         f"{to_cupy:.2f} (torch -> cupy.from_dlpack)", f"{torch_import / to_cupy:.2f}x",
+         "yes (torch -> asynccube -> torch)" if round_trip else "NO"],
         ["asynccube -> torch.from_dlpack", f"{torch_dl:.2f}",
          f"{to_torch:.2f} (cupy -> torch.from_dlpack)", f"{torch_dl / to_torch:.2f}x",
          "yes" if td.data_ptr() == ptr else "NO"],
@@ -99,6 +107,8 @@ async def gpu_rows(device: str, n: int) -> tuple[list[list[Any]], dict[str, Any]
          "yes" if cc.data.ptr == ptr else "NO"],
     ]  # fmt: skip
     figures = {
+        "torch_import_us": torch_import,
+        "torch_round_trip_same_memory": round_trip,
         "torch_dlpack_us": torch_dl,
         "cupy_dlpack_us": cupy_dl,
         "torch_cai_us": torch_cai,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-from asynccube._core.dlpack import live_exports, make_capsule
+from asynccube._core.dlpack import live_exports, make_capsule, take_capsule
 
 
 class Owner:
@@ -76,3 +76,38 @@ def test_inexpressible_dtype_is_refused() -> None:
     a = np.array(["x"], dtype=object)
     with pytest.raises(ac.DLPackError, match="cannot be expressed"):
         make_capsule(0, (1, 0), (1,), (1,), a.dtype, None, versioned=False)
+
+
+@pytest.mark.parametrize("max_version", [True, False], ids=["versioned", "legacy"])
+def test_take_capsule_reads_what_a_producer_describes(max_version: bool) -> None:
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    producer: Any = a if max_version else _Legacy(a)
+    imported = take_capsule(producer, None)
+    assert imported.address == a.ctypes.data
+    assert imported.device == (1, 0)
+    assert (imported.shape, imported.strides) == ((3, 4), (4, 1))
+    assert imported.dtype == np.int32 and not imported.read_only
+    assert imported.source is producer
+
+
+def test_take_capsule_sees_read_only_and_calls_the_deleter() -> None:
+    a = np.zeros(4, np.float32)
+    a.flags.writeable = False
+    assert take_capsule(a, None).read_only
+    before = live_exports()
+    owner = Owner(np.arange(6, dtype=np.float64))
+    imported = take_capsule(Exporter(owner, (6,), (1,)), None)
+    assert live_exports() == before + 1
+    del imported  # the consumer is done: the producer's deleter runs
+    gc.collect()
+    assert live_exports() == before
+
+
+class _Legacy:
+    """A producer that predates DLPack 1.0 (no ``max_version``)."""
+
+    def __init__(self, array: np.ndarray[Any, Any]) -> None:
+        self.array = array
+
+    def __dlpack__(self, *, stream: Any = None) -> Any:
+        return self.array.__dlpack__(stream=stream)

@@ -148,3 +148,31 @@ async def test_bad_cuda_dlpack_requests_are_refused() -> None:
             t.__dlpack__(dl_device=(1, 0))
         assert "dltensor_versioned" in repr(t.__dlpack__(stream=-1, max_version=(1, 0)))
         assert (await client.read_array(t) == 0).all()  # still serving
+
+
+async def test_torch_round_trip_without_copies() -> None:
+    torch = pytest.importorskip("torch")
+    n = 1 << 16
+    async with ac.open_client("cuda:0") as client:
+        before = await client.memory_usage()
+        x = torch.arange(n, dtype=torch.float32, device="cuda")
+        x.mul_(3.0)  # queued on torch's stream: ordered before asynccube's by the import
+        t = client.from_dlpack(x)
+        assert (t.shape, t.dtype) == ((n,), np.float32)
+        client.execute(SCALE, blocks(n), _scale(t, 2.0, n))
+        back = torch.from_dlpack(t)
+        assert back.data_ptr() == x.data_ptr()  # torch -> asynccube -> torch: one buffer
+        expected = np.arange(n, dtype=np.float32) * 6.0
+        np.testing.assert_array_equal(back.cpu().numpy(), expected)
+        assert (await client.memory_usage()).bytes_in_use == before.bytes_in_use
+
+
+async def test_bad_cuda_imports_are_refused() -> None:
+    torch = pytest.importorskip("torch")
+    async with ac.open_client("cuda:0") as client:
+        with pytest.raises(ac.DLPackError, match="not on this client"):
+            client.from_dlpack(np.zeros(4, np.float32))
+        strided = torch.zeros(8, device="cuda")[::2]
+        with pytest.raises(ac.DLPackError, match="not C-contiguous"):
+            client.from_dlpack(strided)
+        assert (await client.read([client.create(b"ok")]))[0] == b"ok"

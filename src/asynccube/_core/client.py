@@ -174,14 +174,14 @@ class ComputeClient(ClientCore):
         return view
 
     def from_dlpack(self, obj: Any) -> Tensor:
-        """A tensor over ``obj``'s memory, without a copy (a numpy array, or anything
-        with ``__dlpack__``, on this client's device). ``obj`` stays alive while the
+        """A tensor over ``obj``'s memory, without a copy (a numpy array on the host
+        server; a torch or CuPy tensor on the same GPU, whose work is ordered before
+        this task's stream). ``obj`` stays alive while the
         tensor, its bindings or queued work refer to it; its memory never enters the
         pools. DLPackError names what stands in the way (another device, strides,
         dtype, read-only memory)."""
-        handle, array = import_dlpack(self, obj)
-        strides = tensor_strides(array.shape, None)
-        return Tensor(handle, array.shape, strides, array.dtype, self)
+        handle, shape, dtype = import_dlpack(self, obj)
+        return Tensor(handle, shape, tensor_strides(shape, None), dtype, self)
 
     async def read_array(
         self,

@@ -19,7 +19,14 @@ import numpy as np
 
 from .errors import DLPackError
 
-__all__ = ["DLPACK_VERSION", "dtype_code", "live_exports", "make_capsule"]
+__all__ = [
+    "DLPACK_VERSION",
+    "Imported",
+    "dtype_code",
+    "live_exports",
+    "make_capsule",
+    "take_capsule",
+]
 
 DLPACK_VERSION = (1, 1)
 _CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
@@ -102,6 +109,9 @@ _api.PyCapsule_IsValid.restype = ctypes.c_int
 _api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 _api.PyCapsule_GetPointer.restype = ctypes.c_void_p
 _api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 
 
 def _on_capsule_freed(capsule: int) -> None:
@@ -144,3 +154,76 @@ def make_capsule(
     with _lock:
         _exports[key] = (managed, dims, steps, owner)
     return _api.PyCapsule_New(key, _NAME_VERSIONED if versioned else _NAME, _destructor)
+
+
+_USED = b"used_dltensor"
+_USED_VERSIONED = b"used_dltensor_versioned"
+_READ_ONLY = 1
+_DTYPES = {(0, 8): "i1", (0, 16): "i2", (0, 32): "i4", (0, 64): "i8",
+           (1, 8): "u1", (1, 16): "u2", (1, 32): "u4", (1, 64): "u8",
+           (2, 16): "f2", (2, 32): "f4", (2, 64): "f8",
+           (5, 64): "c8", (5, 128): "c16", (6, 8): "?"}  # fmt: skip
+
+
+class Imported:
+    """What a consumed capsule described, and the owner of its memory: calls the
+    producer's deleter when dropped (so keep it while the memory is in use).
+
+    Attributes:
+        address: The first element's address (``data + byte_offset``).
+        device: ``(device type, index)``.
+        shape: The shape.
+        strides: Strides in elements.
+        dtype: The numpy dtype.
+        read_only: The producer marked the memory read-only (versioned capsules).
+        source: The producer object, kept alive as well.
+    """
+
+    def __init__(self, capsule: Any, source: Any) -> None:
+        versioned = bool(_api.PyCapsule_IsValid(id(capsule), _NAME_VERSIONED))
+        if not versioned and not _api.PyCapsule_IsValid(id(capsule), _NAME):
+            raise DLPackError("__dlpack__ returned no unconsumed DLPack capsule")
+        name = _NAME_VERSIONED if versioned else _NAME
+        self._managed = _api.PyCapsule_GetPointer(id(capsule), name)
+        kind = _ManagedVersioned if versioned else _Managed
+        managed = kind.from_address(self._managed)
+        self._deleter = managed.deleter
+        self.source = source
+        self.read_only = bool(versioned and managed.flags & _READ_ONLY)
+        _api.PyCapsule_SetName(capsule, _USED_VERSIONED if versioned else _USED)
+        self._describe(managed.dl_tensor)
+
+    def _describe(self, t: _Tensor) -> None:
+        self.address = (t.data or 0) + t.byte_offset
+        self.device = (int(t.device.device_type), int(t.device.device_id))
+        self.shape = tuple(t.shape[i] for i in range(t.ndim))
+        if t.strides:
+            self.strides = tuple(t.strides[i] for i in range(t.ndim))
+        else:
+            self.strides = _contiguous(self.shape)
+        code = _DTYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
+        self.dtype = None if code is None else np.dtype(code)
+        self.type_code = (int(t.dtype.code), int(t.dtype.bits), int(t.dtype.lanes))
+
+    def __del__(self) -> None:
+        managed, self._managed = getattr(self, "_managed", None), None
+        if managed and self._deleter:
+            self._deleter(managed)
+
+
+def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def take_capsule(obj: Any, stream: int | None) -> Imported:
+    """Ask ``obj`` for a capsule (versioned if it can; ``stream``: the consumer's, for
+    the producer to order its work before) and consume it."""
+    try:
+        capsule = obj.__dlpack__(stream=stream, max_version=DLPACK_VERSION)
+    except TypeError:  # a producer of DLPack < 1.0 takes no max_version
+        capsule = obj.__dlpack__(stream=stream)
+    return Imported(capsule, obj)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .dlpack import make_capsule
+from .dlpack import Imported, make_capsule, take_capsule
 from .errors import DLPackError, InvalidArgument
 from .stream_id import StreamId
 
@@ -248,18 +248,65 @@ def _ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in items)
 
 
-def import_dlpack(client: ClientCore, obj: Any) -> tuple[Any, npt.NDArray[Any]]:
-    """Bind ``obj``'s memory to a new handle without a copy; return the handle and
-    the numpy array over that memory (which keeps ``obj`` alive)."""
+def import_dlpack(client: ClientCore, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+    """Bind ``obj``'s memory to a new handle without a copy; return the handle, shape
+    and dtype. What is bound keeps ``obj`` alive while the memory is in use."""
     client._channel.check()
+    if dlpack_kind(client) == KDL_CUDA:
+        return _import_cuda(client, obj)
     importer = getattr(client._server, "import_view", None)
     if importer is None:
-        raise DLPackError(f"DLPack import is not supported on {client.device} yet")
+        raise DLPackError(f"DLPack import is not supported on {client.device}")
     array = _host_array(obj)
     flat = np.asarray(_Imported(obj, array))
     handle = client._server.new_handle(flat.nbytes, StreamId.current())
     client._channel.send(_bind, importer, handle, flat, StreamId.current())
-    return handle, array
+    return handle, array.shape, array.dtype
+
+
+def dlpack_kind(client: ClientCore) -> int:
+    """kDLCUDA for a client on a GPU, else kDLCPU."""
+    return KDL_CUDA if client.device.startswith("cuda") else KDL_CPU
+
+
+def _import_cuda(client: ClientCore, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+    """A CUDA producer's memory: its work ordered before this task's stream (the
+    producer is given that stream), then bound to a handle that keeps the consumed
+    capsule (and ``obj``) until the device has passed asynccube's last use."""
+    index = int(client.device.partition(":")[2] or 0)
+    device = _device_of(obj)
+    if device != (KDL_CUDA, index):
+        raise DLPackError(
+            f"{type(obj).__name__} lives on DLPack device {device!r}, not on this "
+            f"client's {client.device} (kDLCUDA, {index}); import it into a client there"
+        )
+    server: Any = client._server
+    stream = StreamId.current()
+    imported = take_capsule(obj, server.stream_handle(stream))
+    _check_imported(obj, imported)
+    assert imported.dtype is not None
+    nbytes = int(np.prod(imported.shape, dtype=np.int64)) * imported.dtype.itemsize
+    handle = server.new_handle(nbytes, stream)
+    client._channel.send(_bind_cuda, server.import_pointer, handle, imported, nbytes, stream)
+    return handle, imported.shape, imported.dtype
+
+
+def _check_imported(obj: Any, imported: Imported) -> None:
+    name = type(obj).__name__
+    if imported.dtype is None:
+        raise DLPackError(f"{name}: DLPack dtype (code, bits, lanes) {imported.type_code} "
+                          "cannot be expressed in a Tensor")  # fmt: skip
+    if imported.read_only:
+        raise DLPackError(f"{name} is read-only; asynccube kernels may write to any buffer")
+    if imported.strides != tensor_strides(imported.shape, None) and 0 not in imported.shape:
+        raise DLPackError(
+            f"{name} is not C-contiguous (strides {imported.strides} for shape "
+            f"{imported.shape}); import a contiguous one (e.g. .contiguous())"
+        )
+
+
+def _bind_cuda(importer: Any, handle: Any, imported: Imported, nbytes: int, stream: Any) -> None:
+    importer(handle, imported.address, nbytes, imported, stream)
 
 
 class _Imported:

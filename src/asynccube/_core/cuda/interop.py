@@ -3,8 +3,10 @@ asynccube queued on them runs (``__cuda_array_interface__`` v3 ``stream``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..stream_id import StreamId
-from ..types import Binding
+from ..types import Binding, Handle
 from .driver import check, cu
 from .state import ServerCore
 
@@ -38,3 +40,21 @@ class InteropOps(ServerCore):
         finally:
             self._events.give(event)  # the wait captured the event's state
         return ptr
+
+    def stream_handle(self, stream: StreamId) -> int:
+        """The raw handle of the CUDA stream ``stream`` runs on (what a DLPack
+        producer is asked to order its work before)."""
+        return int(self._streams.streams.get(stream).stream)
+
+    def import_pointer(
+        self, handle: Handle, address: int, nbytes: int, owner: Any, stream: StreamId
+    ) -> None:
+        """Bind ``handle`` to outside device memory (DLPack import). ``owner`` stands
+        where a pool slice would: dropped with the handle once the device has passed
+        the last use (the retirer), so the producer's memory is never pooled."""
+        handle_id = handle.memory.id
+        cursor = self._streams.resolve(stream, ()).cursor
+        self._table.bind(handle_id, owner)
+        self._addresses[handle_id] = (address, nbytes)
+        handle.cursor = cursor
+        self._created(handle_id, (stream, cursor))
