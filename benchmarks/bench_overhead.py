@@ -1,3 +1,4 @@
+# ruff: noqa: N802, N815  (the fake driver keeps cuda.bindings' names)
 """Per-command Python overhead of the CUDA path, measured on a machine without a GPU.
 
 Drives the real client -> channel -> CudaServer path against a fake driver whose every

@@ -263,6 +263,24 @@ def test_flush_all_and_existing_streams() -> None:
     assert ms.existing_streams() == [*backend.created[:2], gc]
 
 
+def test_a_shared_binding_after_own_ones_still_waits() -> None:
+    """The same-stream fast path stops at the first foreign origin and waits on it."""
+    ms, backend = multi_stream()
+    own, other = binding(S1), binding(S2)
+    ms.resolve(S2, [other])
+    ms.resolve(S1, [own, own, other])
+    assert [(stream, event.origin) for stream, event in backend.waits] == [(1, 0)]
+    assert ms.origin(own) == ms.origin(other) == (S1, 1)
+
+
+def test_existing_streams_are_in_slot_order_whatever_the_creation_order() -> None:
+    ms, backend = multi_stream()
+    ms.resolve(S3, [])
+    ms.resolve(S1, [])
+    assert [e.origin for e in ms.flush_all()] == [1, 0]  # slot 1 (S1) first, then S3
+    assert ms.existing_streams()[:2] == [backend.created[1], backend.created[0]]
+
+
 # -- streaming logs -------------------------------------------------------------------------
 
 

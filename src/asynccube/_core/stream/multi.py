@@ -150,14 +150,21 @@ class MultiStream(Generic[St, Ev]):
         """
         if not isinstance(bindings, list):
             bindings = list(bindings)
-        analysis = self._shared(stream_id, bindings) if bindings else None
-        if analysis is not None:
-            self.apply_analysis(stream_id, analysis)
-        current = self.streams.get(stream_id)
+        max_streams = self.max_streams
+        own = stream_id.value % max_streams
+        last_use = self.last_use
+        analysis = None
+        for binding in bindings:  # fast path: every origin is on this stream's slot
+            origin = last_use.get(binding.memory.id)
+            if (binding.stream if origin is None else origin[0]).value % max_streams != own:
+                analysis = self._shared(stream_id, bindings)
+                if analysis is not None:
+                    self.apply_analysis(stream_id, analysis)
+                break
+        current = self.streams.slots[own] or self.streams.get_index(own)
         cursor = current.cursor = current.cursor + 1
         if bindings:
             stamp = (stream_id, cursor)
-            last_use = self.last_use
             for binding in bindings:
                 last_use[binding.memory.id] = stamp
         return ResolvedStreams(cursor, stream_id, current.stream, analysis)
