@@ -281,6 +281,24 @@ def test_existing_streams_are_in_slot_order_whatever_the_creation_order() -> Non
     assert ms.existing_streams()[:2] == [backend.created[1], backend.created[0]]
 
 
+def test_flush_pending_skips_streams_known_complete() -> None:
+    """A sync flushes only streams with work since the last sync seen complete."""
+    ms, backend = multi_stream()
+    ms.resolve(S1, [])
+    ms.resolve(S2, [])
+    events, marks = ms.flush_pending()
+    assert [e.origin for e in events] == [0, 1]
+    again, _ = ms.flush_pending()  # not marked done yet: flushed again
+    assert [e.origin for e in again] == [0, 1]
+    ms.mark_done(marks)
+    assert ms.flush_pending() == ([], [])
+    ms.resolve(S2, [])
+    events, marks = ms.flush_pending()
+    assert [e.origin for e in events] == [1]
+    ms.mark_done([(marks[0][0], 0)])  # an older mark never moves "done" back
+    assert [e.origin for e in ms.flush_pending()[0]] == [1]
+
+
 # -- streaming logs -------------------------------------------------------------------------
 
 

@@ -64,6 +64,7 @@ from .types import (
 __all__ = ["ClientCore"]
 
 Job = Callable[[], None]
+_get_running_loop = asyncio._get_running_loop
 
 
 class ClientCore:
@@ -301,7 +302,8 @@ class ClientCore:
     ) -> None:
         """Queue ``kernel`` over ``bindings`` with ``count`` cubes (fire-and-forget)."""
         channel = self._channel
-        channel.check()
+        if channel.state is not State.OPEN or _get_running_loop() is not channel.loop:
+            channel.check()  # raises
         if type(kernel) is not Kernel or type(count) is not CubeCount:
             _bad_execute(kernel, count, bindings, mode)
         if type(bindings) is not Bindings or type(mode) is not ExecutionMode:
