@@ -151,6 +151,30 @@ async def test_actor_death_fails_pending_and_later_awaitables() -> None:
     await client.close()  # closing a dead client does not hang or raise
 
 
+async def test_settled_and_cancelled_awaitables_are_not_kept(
+    host_client: ac.ComputeClient,
+) -> None:
+    """The channel forgets each awaitable as it settles it (no done-callback per
+    command), and awaitables their callers cancelled stay bounded until pruned."""
+    channel = host_client._channel
+    for _ in range(10):
+        await host_client.sync()
+    assert not channel._pending
+    slow = host_client.empty(8)
+    host_client.execute(
+        SLOW_FILL,
+        ac.CubeCount(1),
+        ac.Bindings().with_buffer(slow).with_scalar(np.float32, [0.02]).with_scalar(np.uint8, [1]),
+    )
+    for _ in range(6):
+        for _ in range(200):
+            host_client.sync().cancel()
+        await asyncio.sleep(0)  # keep each loop step short (the loop-lag probe)
+    assert len(channel._pending) <= 2 * 256
+    await host_client.sync()
+    assert not channel._pending
+
+
 async def test_call_from_another_thread_is_refused(host_client: ac.ComputeClient) -> None:
     errors: list[BaseException] = []
 
