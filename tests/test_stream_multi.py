@@ -283,7 +283,7 @@ def test_existing_streams_are_in_slot_order_whatever_the_creation_order() -> Non
 
 def test_flush_pending_skips_streams_known_complete() -> None:
     """A sync flushes only streams with work since the last sync seen complete."""
-    ms, backend = multi_stream()
+    ms, _ = multi_stream()
     ms.resolve(S1, [])
     ms.resolve(S2, [])
     events, marks = ms.flush_pending()
