@@ -281,6 +281,14 @@ def test_existing_streams_are_in_slot_order_whatever_the_creation_order() -> Non
     assert ms.existing_streams()[:2] == [backend.created[1], backend.created[0]]
 
 
+def test_advance_is_resolve_without_bindings() -> None:
+    ms, backend = multi_stream()
+    assert ms.advance(S1) == 1
+    assert ms.resolve(S1, ()).cursor == 2
+    assert ms.advance(S1) == 3
+    assert backend.waits == [] and len(backend.created) == 1
+
+
 def test_flush_pending_skips_streams_known_complete() -> None:
     """A sync flushes only streams with work since the last sync seen complete."""
     ms, _ = multi_stream()

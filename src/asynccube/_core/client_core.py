@@ -179,9 +179,12 @@ class ClientCore:
 
     def empty(self, size: int) -> Handle:
         """A new uninitialized buffer of ``size`` bytes."""
-        self._channel.check()
-        handle = self._mint(size)
-        self._send_fire(self._server.create, [handle])
+        channel = self._channel
+        if channel.state is not State.OPEN or _get_running_loop() is not channel.loop:
+            channel.check()  # raises
+        stream = StreamId.current()
+        handle = self._mint(size, stream)
+        channel.send(channel.fire, stream, self._server.create, [handle])
         return handle
 
     def create_tensors(
@@ -228,7 +231,7 @@ class ClientCore:
         self._send_fire(self._server.create, handles)
         return [(h, strides) for h, (_, strides) in zip(handles, layouts, strict=True)]
 
-    def _mint(self, size: int) -> Handle:
+    def _mint(self, size: int, stream: StreamId | None = None) -> Handle:
         if not _is_int(size):
             raise InvalidArgument(f"size must be an int, got {type(size).__name__}")
         size = int(size)  # numpy integers are ordinary ints
@@ -237,7 +240,7 @@ class ClientCore:
             raise BufferTooBig(size, "sizes must be >= 0")
         if size > limit:
             raise BufferTooBig(size, f"the largest allocation on {self.device} is {limit} bytes")
-        return self._server.new_handle(size, StreamId.current())
+        return self._server.new_handle(size, stream if stream is not None else StreamId.current())
 
     # -- data movement ------------------------------------------------------------------
 

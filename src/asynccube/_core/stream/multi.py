@@ -171,6 +171,14 @@ class MultiStream(Generic[St, Ev]):
                 last_use[binding.memory.id] = stamp
         return ResolvedStreams(cursor, stream_id, current.stream, analysis)
 
+    def advance(self, stream_id: StreamId) -> int:
+        """``resolve(stream_id, ()).cursor`` without building the result: advance the
+        stream's cursor (an operation with no bindings, e.g. an allocation)."""
+        own = stream_id.value % self.max_streams
+        current = self.streams.slots[own] or self.streams.get_index(own)
+        cursor = current.cursor = current.cursor + 1
+        return cursor
+
     def origin(self, binding: Binding) -> tuple[StreamId, int]:
         """Where the data of ``binding`` comes from: the last use of its slice."""
         return self.last_use.get(binding.memory.id, (binding.stream, binding.cursor))
