@@ -9,14 +9,14 @@ The routes of the main commands on CUDA, hop by hop (a hop in brackets is the ca
 the channel, that takes the command on; ``tests/test_routes.py`` checks each name)::
 
     route: client_core.ClientCore.execute -> [channel.Channel.send]
-        -> client_core.ClientCore._execute -> [channel.Channel.fire]
-        -> cuda.launch.LaunchOps.execute -> driver:cuLaunchKernel
+        -> client_core.ClientCore._execute -> cuda.launch.LaunchOps.execute
+        -> driver:cuLaunchKernel
     route: client_core.ClientCore.read -> [channel.Channel.request]
         -> client_core.ClientCore._read -> [channel.Channel.await_completion]
         -> cuda.transfers.TransferOps.read -> cuda.copies.issue_copy
         -> driver:cuMemcpyDtoHAsync
     route: client_core.ClientCore.sync -> [client_core.ClientCore._request]
-        -> cuda.server.CudaServer.sync -> stream.multi.MultiStream.flush_all
+        -> cuda.server.CudaServer.sync -> stream.multi.MultiStream.flush_pending
         -> cuda.streams.CudaBackend.flush -> cuda.completion.EventPool.record
         -> driver:cuEventRecord
 """
