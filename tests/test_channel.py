@@ -267,3 +267,27 @@ async def test_lag_probe_detects_a_blocked_loop() -> None:
         await asyncio.sleep(0)
         assert await probe.stop() > 0.005
         assert "test_lag_probe_detects_a_blocked_loop" in probe.culprit
+
+
+async def test_a_loaded_kernel_with_a_static_count_skips_prepare() -> None:
+    """A server that lists its loaded kernels is not asked to prepare a launch of one
+    (the CUDA server: nothing to compile or read back); others still are."""
+    calls: list[str] = []
+
+    class Preparing(ac.HostServer):
+        loaded_kernels = frozenset({ADD.id})
+
+        def prepare(self, kernel: ac.Kernel, count: ac.CubeCount, stream: object) -> None:
+            calls.append(kernel.id)
+
+    client = ac.ComputeClient(Preparing(), asyncio.get_running_loop())
+    try:
+        a, b, out = client.create(bytes(16)), client.create(bytes(16)), client.empty(16)
+        client.execute(ADD, blocks(4), add_bindings(a, b, out, 4))
+        client.execute(NOOP, ac.CubeCount(1), ac.Bindings())
+        dims = client.create(np.ones(3, np.uint32))
+        client.execute(ADD, ac.CubeCount.dynamic(dims.binding()), add_bindings(a, b, out, 4))
+        await client.sync()
+    finally:
+        await client.close()
+    assert calls == [NOOP.id, ADD.id]  # not the first launch: loaded, static count

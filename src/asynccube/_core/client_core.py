@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,9 @@ class ClientCore:
         # Optional server hooks: blocking work (compiling, loading, pinning memory) that
         # the actor runs in a worker thread before the command, never on the loop.
         self._prepare: Callable[..., Job | None] | None = getattr(server, "prepare", None)
+        # Optional: the ids of kernels the server has loaded (a launch of one with a static
+        # count has nothing to prepare: the call to ``prepare`` is skipped).
+        self._loaded: Container[str] = getattr(server, "loaded_kernels", ())
         self._prepare_write: Callable[..., Job | None] | None = getattr(
             server, "prepare_write", None
         )
@@ -321,7 +324,11 @@ class ClientCore:
         bindings: Bindings,
         mode: ExecutionMode,
     ) -> Any:
-        job = self._prepare(kernel, count, stream) if self._prepare is not None else None
+        prepare = self._prepare
+        if prepare is None or (count.binding is None and kernel.id in self._loaded):
+            job = None
+        else:
+            job = prepare(kernel, count, stream)
         if job is not None:
             fire, execute = self._channel.fire, self._server.execute
             return self._after(job, stream, fire, stream, execute, kernel, count, bindings, mode)
