@@ -101,24 +101,27 @@ def _release(address: int) -> None:
 
 _deleter = _DELETER(_release)
 
-_api = ctypes.pythonapi
 _DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_api.PyCapsule_New.restype = ctypes.py_object
-_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _DESTRUCTOR]
-_api.PyCapsule_IsValid.restype = ctypes.c_int
-_api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-_api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_api.PyCapsule_SetName.restype = ctypes.c_int
-_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+
+
+def _c_api(name: str, restype: Any, *argtypes: Any) -> Any:
+    """A private ctypes binding of a C-API function (``ctypes.pythonapi``'s own
+    function objects are shared with every library that sets their argtypes)."""
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+
+
+_capsule_new = _c_api("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
+                      _DESTRUCTOR)  # fmt: skip
+_capsule_is_valid = _c_api("PyCapsule_IsValid", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
+_capsule_pointer = _c_api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
+_capsule_set_name = _c_api("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
 
 
 def _on_capsule_freed(capsule: int) -> None:
     """A capsule nobody consumed (its name unchanged) releases its export itself."""
     for name in (_NAME, _NAME_VERSIONED):
-        if _api.PyCapsule_IsValid(capsule, name):
-            _release(_api.PyCapsule_GetPointer(capsule, name))
+        if _capsule_is_valid(capsule, name):
+            _release(_capsule_pointer(capsule, name))
             return
 
 
@@ -153,7 +156,7 @@ def make_capsule(
     key = ctypes.addressof(managed)
     with _lock:
         _exports[key] = (managed, dims, steps, owner)
-    return _api.PyCapsule_New(key, _NAME_VERSIONED if versioned else _NAME, _destructor)
+    return _capsule_new(key, _NAME_VERSIONED if versioned else _NAME, _destructor)
 
 
 _USED = b"used_dltensor"
@@ -180,17 +183,17 @@ class Imported:
     """
 
     def __init__(self, capsule: Any, source: Any) -> None:
-        versioned = bool(_api.PyCapsule_IsValid(id(capsule), _NAME_VERSIONED))
-        if not versioned and not _api.PyCapsule_IsValid(id(capsule), _NAME):
+        versioned = bool(_capsule_is_valid(id(capsule), _NAME_VERSIONED))
+        if not versioned and not _capsule_is_valid(id(capsule), _NAME):
             raise DLPackError("__dlpack__ returned no unconsumed DLPack capsule")
         name = _NAME_VERSIONED if versioned else _NAME
-        self._managed = _api.PyCapsule_GetPointer(id(capsule), name)
+        self._managed = _capsule_pointer(id(capsule), name)
         kind = _ManagedVersioned if versioned else _Managed
         managed = kind.from_address(self._managed)
         self._deleter = managed.deleter
         self.source = source
         self.read_only = bool(versioned and managed.flags & _READ_ONLY)
-        _api.PyCapsule_SetName(capsule, _USED_VERSIONED if versioned else _USED)
+        _capsule_set_name(capsule, _USED_VERSIONED if versioned else _USED)
         self._describe(managed.dl_tensor)
 
     def _describe(self, t: _Tensor) -> None:
