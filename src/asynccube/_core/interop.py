@@ -20,6 +20,7 @@ until the consumer's deleter runs. Import (``from_dlpack``) is host-only for now
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -91,7 +92,7 @@ def export_dlpack(
     if exporter is None:
         raise DLPackError(f"DLPack export is not supported on {client.device}")
     view = exporter(tensor.binding(), StreamId.current())
-    array = np.asarray(_Exported(tensor, view))
+    array = _exported_array(tensor, view)
     kwargs: dict[str, Any] = {"copy": copy} if copy is not None else {}
     if max_version is not None:
         kwargs["max_version"] = tuple(max_version)
@@ -193,28 +194,19 @@ def _is_version(value: Any) -> bool:
     )
 
 
-class _Exported:
-    """The numpy array interface over an exported tensor; as the exported array's base,
-    it keeps the tensor's handle (so its buffer) alive while the consumer holds it."""
-
-    __slots__ = ("__array_interface__", "handle")
-
-    def __init__(self, tensor: Tensor, view: npt.NDArray[np.uint8]) -> None:
-        itemsize = tensor.dtype.itemsize
-        needed = tensor.nbytes_spanned()
-        if needed > view.nbytes:
-            raise InvalidArgument(
-                f"{tensor!r} addresses {needed} bytes but its buffer holds {view.nbytes}"
-            )
-        self.handle = tensor.handle
-        self.__array_interface__ = {
-            "version": 3,
-            "shape": tensor.shape,
-            "typestr": tensor.dtype.str,
-            "descr": tensor.dtype.descr,
-            "data": (view.__array_interface__["data"][0], False),
-            "strides": tuple(s * itemsize for s in tensor.strides),
-        }
+def _exported_array(tensor: Tensor, view: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
+    """A numpy array over the tensor's bytes whose base (a ctypes buffer over the same
+    memory) keeps the tensor's handle, so its buffer, alive while the consumer holds it."""
+    needed = tensor.nbytes_spanned()
+    if needed > view.nbytes:
+        raise InvalidArgument(
+            f"{tensor!r} addresses {needed} bytes but its buffer holds {view.nbytes}"
+        )
+    buffer = (ctypes.c_char * max(needed, 1)).from_address(view.ctypes.data)
+    buffer.handle = tensor.handle  # type: ignore[attr-defined]
+    itemsize = tensor.dtype.itemsize
+    strides = tuple(s * itemsize for s in tensor.strides)
+    return np.ndarray(tensor.shape, tensor.dtype, buffer=buffer, strides=strides)  # type: ignore[arg-type]
 
 
 def tensor_strides(shape: Sequence[int], strides: Sequence[int] | None) -> tuple[int, ...]:

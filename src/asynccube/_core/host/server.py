@@ -194,7 +194,8 @@ class HostServer(SliceServer[_Bound]):
         view = self._view(binding)
         self._backend.flush_dirty()
         streams = self._streams.existing_streams()
-        if not spin_until(lambda: self._backend.idle(streams)):
+        idle = self._backend.idle
+        if not idle(streams) and not spin_until(lambda: idle(streams)):
             raise DLPackError(
                 "asynccube still has work queued on the host server, which a CPU "
                 "consumer cannot be ordered after (it has no stream); `await "
