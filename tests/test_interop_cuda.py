@@ -147,6 +147,11 @@ async def test_bad_cuda_dlpack_requests_are_refused() -> None:
         with pytest.raises(ac.DLPackError, match="another device"):
             t.__dlpack__(dl_device=(1, 0))
         assert "dltensor_versioned" in repr(t.__dlpack__(stream=-1, max_version=(1, 0)))
+        torch = pytest.importorskip("torch")
+        if torch.cuda.device_count() > 1:  # a stream of another GPU
+            other = torch.cuda.Stream(device=1)
+            with pytest.raises(ac.DLPackError, match="another device"):
+                t.__dlpack__(stream=other.cuda_stream)
         assert (await client.read_array(t) == 0).all()  # still serving
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import DLPackError
 from ..stream_id import StreamId
 from ..types import Binding, Handle
 from .driver import check, cu
@@ -34,12 +35,27 @@ class InteropOps(ServerCore):
         if consumer is None:
             return ptr
         d = cu()
+        waiter = d.CUstream(consumer)
+        self._check_same_device(waiter, consumer)
         event = self._events.record(resolved.stream)
         try:
-            check(d.cuStreamWaitEvent(d.CUstream(consumer), event, 0), "cuStreamWaitEvent")
+            check(d.cuStreamWaitEvent(waiter, event, 0), "cuStreamWaitEvent")
         finally:
             self._events.give(event)  # the wait captured the event's state
         return ptr
+
+    def _check_same_device(self, waiter: Any, consumer: int) -> None:
+        """DLPackError unless ``consumer`` (not the legacy or per-thread default stream,
+        which are every context's) belongs to this device's context."""
+        if consumer in (1, 2):
+            return
+        context = check(cu().cuStreamGetCtx(waiter), "cuStreamGetCtx")
+        if int(context) != int(self._ctx.context):
+            raise DLPackError(
+                f"__dlpack__(stream={consumer:#x}): that stream belongs to another device "
+                f"or context than this tensor's (cuda:{self._ctx.ordinal}); pass a stream "
+                "of this device"
+            )
 
     def stream_handle(self, stream: StreamId) -> int:
         """The raw handle of the CUDA stream ``stream`` runs on (what a DLPack
