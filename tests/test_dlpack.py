@@ -76,6 +76,13 @@ async def test_exported_buffer_outlives_the_tensor_and_is_not_reused(
     await host_client.sync()
     assert (consumer == 7).all()  # the pool did not hand the slice to another buffer
     assert len(others) == 8
+    del others
+    gc.collect()
+    with_consumer = (await host_client.memory_usage()).bytes_in_use
+    del consumer  # the last holder: the buffer goes back now
+    gc.collect()
+    host_client.memory_cleanup()
+    assert (await host_client.memory_usage()).bytes_in_use == with_consumer - 8 * 1024
 
 
 @pytest.mark.asyncio
