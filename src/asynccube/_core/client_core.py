@@ -5,20 +5,21 @@
 actor: it prepares (compiles) in a worker thread if needed, then fires the server's
 ``execute``.
 
-The routes of the main commands on CUDA, hop by hop (a hop in brackets is the carrier,
-the channel, that takes the command on; ``tests/test_routes.py`` checks each name)::
+The routes of the main commands on CUDA, hop by hop (a hop in brackets is the carrier
+that takes the command on: the channel, or the hot path, whose compiled module does what
+its pure-Python twin ``cuda._twin`` does; ``tests/test_routes.py`` checks each name)::
 
     route: client_core.ClientCore.execute -> [channel.Channel.send]
-        -> client_core.ClientCore._execute -> cuda.launch.LaunchOps.execute
-        -> driver:cuLaunchKernel
+        -> client_core.ClientCore._execute -> [channel.Channel.fire]
+        -> cuda.launch.LaunchOps.execute -> [cuda._twin.launch] -> driver:cuLaunchKernel
     route: client_core.ClientCore.read -> [channel.Channel.request]
         -> client_core.ClientCore._read -> [channel.Channel.await_completion]
-        -> cuda.transfers.TransferOps.read -> cuda.copies.issue_copy
-        -> driver:cuMemcpyDtoHAsync
+        -> cuda.transfers.TransferOps.read -> cuda.transfers.TransferOps._read_one
+        -> [cuda._twin.memcpy_async] -> driver:cuMemcpyDtoHAsync
     route: client_core.ClientCore.sync -> [client_core.ClientCore._request]
         -> cuda.server.CudaServer.sync -> stream.multi.MultiStream.flush_pending
         -> cuda.streams.CudaBackend.flush -> cuda.completion.EventPool.record
-        -> driver:cuEventRecord
+        -> [cuda._twin.event_record] -> driver:cuEventRecord
 """
 
 from __future__ import annotations

@@ -149,7 +149,12 @@ class ServerCore(SliceServer[SliceHandle]):
         created = self._created_at.pop(handle_id, None)
         if last is None or last == created:
             return  # never touched by device work: the slice is free at once
-        self._retirer.hold(self._streams.streams.get(last[0]).stream, memory)
+        wrapper = self._streams.streams.get(last[0])
+        if wrapper.done >= last[1]:
+            return  # a completed sync saw the stream pass its last use: free at once
+        # Held until an event after its last use; a later sync waits for that event too
+        # (the stream's cursor is past its done mark, so sync flushes it).
+        self._retirer.hold(wrapper.stream, memory)
 
     def _ptr(self, binding: Binding) -> int:
         """The device address of ``binding``'s first byte (offsets applied, range checked)."""
