@@ -41,6 +41,8 @@ from ._core.errors import (
     ConfigError,
     DeviceError,
     ExecutionError,
+    GraphCaptureError,
+    GraphUpdateError,
     InvalidArgument,
     InvalidHandle,
     IoError,
@@ -53,6 +55,7 @@ from ._core.errors import (
     UnsupportedIoOperation,
     UnsupportedStrides,
 )
+from ._core.graph import Graph
 from ._core.host.server import HostServer
 from ._core.kernel import CudaSource, HostLaunch, Kernel
 from ._core.open import connect, open_client
@@ -120,6 +123,9 @@ __all__ = [
     "DeviceProperties",
     "ExecutionError",
     "ExecutionMode",
+    "Graph",
+    "GraphCaptureError",
+    "GraphUpdateError",
     "Handle",
     "HostLaunch",
     "HostServer",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import numpy as np
@@ -18,12 +18,14 @@ import numpy.typing as npt
 from .channel import State
 from .client_core import ClientCore
 from .errors import InvalidArgument, ProfileError
+from .graph import Graph, capture, release_graphs
 from .memory.management import MemoryReport
 from .profiling import ProfileSummary
 from .server import ComputeServer
 from .stream_id import StreamId
 from .tensor import Tensor
 from .timeline import Timeline
+from .transfer import to_client
 from .types import (
     AllocationKind,
     Binding,
@@ -153,6 +155,29 @@ class ComputeClient(ClientCore):
         flat = np.frombuffer(raw, dtype=np.dtype(dtype)).copy()
         return flat if shape is None else flat.reshape(tuple(shape))
 
+    # -- graphs and other clients ---------------------------------------------------------
+
+    def capture(self) -> AbstractAsyncContextManager[Graph]:
+        """``async with client.capture() as graph:`` records the calling task's commands
+        (executes, writes, copies) into a graph instead of running them; then
+        ``graph.replay()`` runs them (fire-and-forget, ordered like an execute).
+
+        A read, a sync, an allocation that needs a new page and other operations that
+        cannot be recorded raise :class:`GraphCaptureError` naming them, and end the
+        capture. On CUDA this is a stream capture instantiated once; on the host server
+        the command list is kept and run again.
+        """
+        return capture(self)
+
+    def to_client(self, handle: Handle | Binding, other: ComputeClient) -> Handle:
+        """A new handle in ``other`` holding the bytes of ``handle`` (fire-and-forget).
+
+        Between GPUs that reach each other: a peer copy; otherwise staged through
+        (pinned) host memory. Ordered on both sides: the copy sees the work queued on
+        ``handle`` so far; ``other``'s later work on the new handle sees the copy.
+        """
+        return to_client(self, handle, other)
+
     # -- lifecycle ----------------------------------------------------------------------
 
     async def close(self) -> None:
@@ -163,6 +188,7 @@ class ComputeClient(ClientCore):
         """
         channel = self._channel
         if channel.state is State.OPEN:
+            release_graphs(self)
             self._closing = channel.begin_close()
         try:
             if self._closing is not None and not self._closing.done():

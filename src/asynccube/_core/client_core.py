@@ -308,6 +308,7 @@ class ClientCore:
             self._channel.hold(stream, exc)
             if then == self._channel.fire:  # ==: each access makes a new bound method
                 return  # fire-and-forget: skip the command; the error is held
+        self._channel.activate()  # another client's commands may have run meanwhile
         then(*args)
 
     def flush(self) -> None:

@@ -67,7 +67,7 @@ from .abi import ArgPacker, Signature
 from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier
 from .copies import CopyPlan, issue_copy, plan_copy
-from .driver import DeviceContext, check, cu, device_properties, error_from
+from .driver import DeviceContext, check, cu, device_properties, error_from, set_current
 from .storage import CudaStorage, PinnedBuffer, PinnedPool
 from .tma import encode_tensor_map
 
@@ -283,6 +283,11 @@ class CudaServer(SliceServer[SliceHandle]):
     def context(self) -> DeviceContext:
         """The device's primary context (current on the actor's thread)."""
         return self._ctx
+
+    def activate(self) -> None:
+        """Make the device's context current on the calling thread if another one is
+        (the channel calls it before each command: several clients share one loop)."""
+        set_current(self._ctx.context)
 
     def warm(self) -> None:
         """Pay one-off costs now, off the loop: the device pool's first page, pinned
