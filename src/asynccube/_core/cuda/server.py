@@ -67,7 +67,15 @@ from .abi import ArgPacker, Signature
 from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier
 from .copies import CopyPlan, issue_copy, plan_copy
-from .driver import DeviceContext, check, cu, device_properties, error_from, set_current
+from .driver import (
+    DeviceContext,
+    check,
+    check_ordinal,
+    cu,
+    device_properties,
+    error_from,
+    set_current,
+)
 from .storage import CudaStorage, PinnedBuffer, PinnedPool
 from .tma import encode_tensor_map
 
@@ -939,6 +947,7 @@ async def open_cuda_server(index: int = 0, settings: Settings | None = None) -> 
 
 
 def _build(index: int, options: dict[str, Any]) -> CudaServer:
+    check_ordinal(index)
     try:
         return _build_once(index, options)
     except CudaDriverError as exc:
