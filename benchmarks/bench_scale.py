@@ -116,6 +116,8 @@ def _torch_graphs(n: int) -> dict[str, Any]:
         g.replay()
         replay.append((time.perf_counter() - t0) / KERNELS * 1e6)
         torch.cuda.synchronize()
+    del g  # destroyed now, while the context is surely alive
+    torch.cuda.synchronize()
     return {
         "torch": torch.__version__,
         "torch_eager_us": med(eager),

@@ -53,13 +53,14 @@ async def test_to_client_copies_and_orders_both_sides(a: str, b: str) -> None:
 @pytest.mark.parametrize(("a", "b"), PAIRS)
 async def test_source_buffer_lives_until_the_copy_ran(a: str, b: str) -> None:
     async with ac.open_client(a) as src, ac.open_client(b) as dst:
-        h = src.create(np.full(1 << 18, 7, np.float32))
+        n = 1 << 15
+        h = src.create(np.full(n, 7, np.float32))
         copy = src.to_client(h, dst)
         del h
         gc.collect()
         for _ in range(4):  # reuse of the dropped slice must not clobber the copy
-            src.create(np.zeros(1 << 18, np.float32))
-        np.testing.assert_array_equal(await dst.read_array(copy, np.float32), np.full(1 << 18, 7))
+            src.create(np.zeros(n, np.float32))
+        np.testing.assert_array_equal(await dst.read_array(copy, np.float32), np.full(n, 7))
 
 
 async def test_to_client_waits_for_slow_host_work() -> None:

@@ -278,6 +278,8 @@ class ClientCore:
             _bad_execute(kernel, count, bindings, mode)
         if type(bindings) is not Bindings or type(mode) is not ExecutionMode:
             _bad_execute(kernel, count, bindings, mode)
+        if count.binding is not None and channel.guard is not None:
+            channel.guard("execute with a dynamic CubeCount")  # its count is read back first
         channel.send(self._execute, StreamId.current(), kernel, count, bindings, mode)
 
     def _execute(

@@ -90,8 +90,9 @@ class _Registry:
         cap.aborted = op
         channel = self.client._channel
         channel.send(channel.fire, cap.stream, lambda stream: _abort(cap))
+        name = op if " " in op else f"{op}()"
         raise GraphCaptureError(
-            f"{op}() cannot be captured into a graph (it waits for the device or returns "
+            f"{name} cannot be captured into a graph (it waits for the device or returns "
             "data); the capture has ended and its graph is dropped. Call it before or "
             "after the capture."
         )

@@ -63,8 +63,10 @@ class CudaGraph:
         self._last: Any = None
 
     def _collect(self) -> list[Binding]:
-        out = [b for launch in self.launches for b in launch.all_bindings()]
-        return out + [o for o in self._keep if isinstance(o, Binding)]
+        """Every binding of the graph, one per slice (a replay resolves each once)."""
+        found = [b for launch in self.launches for b in launch.all_bindings()]
+        found += [o for o in self._keep if isinstance(o, Binding)]
+        return list({b.memory.id: b for b in found}.values())
 
     def replay(self, updates: Mapping[int, Bindings], stream: StreamId) -> None:
         """Apply ``updates`` (they stay in effect), then launch the graph on ``stream``."""

@@ -661,6 +661,8 @@ class CudaServer(SliceServer[SliceHandle]):
     def end_batch(self) -> None:
         """Record the events that release what this batch dropped; release what the
         device has passed."""
+        if self.closed:  # the close thread owns the retirer now
+            return
         self._retirer.seal()
         self._retirer.poll()
 
