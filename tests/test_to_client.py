@@ -146,3 +146,21 @@ async def test_each_client_runs_on_its_own_device() -> None:
         assert c0.properties.extra["ordinal"] == 0
         assert c1.properties.extra["ordinal"] == 1
         assert res0.size == res1.size == 4 * n
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_info_shows_peer_links() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-m", "asynccube", "info"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert "peer links:" in out.stdout
+    assert "cuda:0 <-> cuda:1" in out.stdout

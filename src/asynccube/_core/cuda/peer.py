@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Export",
     "can_copy",
+    "describe_links",
     "enable_peer_job",
     "export",
     "finish",
@@ -71,6 +72,18 @@ def peer_links(count: int) -> list[tuple[int, int, bool]]:
             if a != b:
                 res = d.cuDeviceCanAccessPeer(devs[a], devs[b])
                 out.append((a, b, bool(not res[0] and res[1])))
+    return out
+
+
+def describe_links(count: int) -> list[str]:
+    """One line per pair of the first ``count`` GPUs: peer copy or staged (blocking)."""
+    by_pair = {(a, b): ok for a, b, ok in peer_links(count)}
+    out = []
+    for a in range(count):
+        for b in range(a + 1, count):
+            both = by_pair[(a, b)] and by_pair[(b, a)]
+            how = "peer-to-peer (cuMemcpyPeerAsync)" if both else "staged through pinned memory"
+            out.append(f"cuda:{a} <-> cuda:{b}  {how}")
     return out
 
 
