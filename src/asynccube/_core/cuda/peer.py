@@ -99,6 +99,8 @@ def enable_peer_job(src: CudaServer, dst: CudaServer) -> Any:
                 return
             _enable(dst.context.context, src.context.context)
             _enable(src.context.context, dst.context.context)
+            _grant(src, b)  # pool memory ignores context peer access: its pool must
+            _grant(dst, a)  # let the other device in
             _enabled.update({(a, b), (b, a)})
 
     return job
@@ -110,6 +112,20 @@ def _enable(accessor: Any, peer: Any) -> None:
     (err,) = d.cuCtxEnablePeerAccess(peer, 0)
     if err and int(err) != _ALREADY_ENABLED:
         check((err,), "cuCtxEnablePeerAccess")
+
+
+def _grant(server: CudaServer, peer: int) -> None:
+    """Let device ``peer`` read and write the memory of ``server``'s stream-ordered pool
+    (``cuMemPoolSetAccess``; its pages come from there)."""
+    pool = getattr(server._storage, "_pool", None)
+    if pool is None:  # cuMemAlloc pages follow the contexts' peer access
+        return
+    d = cu()
+    desc = d.CUmemAccessDesc()
+    desc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = peer
+    desc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    check(d.cuMemPoolSetAccess(pool, [desc], 1), "cuMemPoolSetAccess")
 
 
 def export(server: CudaServer, binding: Binding, stream: StreamId) -> Export:
