@@ -1,0 +1,225 @@
+"""Kernels on the CUDA server: compiling and loading them (``prepare``, in a worker
+thread), checking a launch against the kernel and the device once per signature, and
+launching with arguments packed by :mod:`.abi`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Callable
+from typing import Any, Final
+
+from ..bindings import Bindings, CubeCount
+from ..errors import InvalidArgument
+from ..kernel import CudaSource, Kernel, block_size
+from ..stream_id import StreamId
+from ..types import ExecutionMode
+from .abi import Signature
+from .driver import check, cu, error_from
+from .state import LoadedKernel
+from .timing import ProfileOps
+from .tma import encode_tensor_map
+
+__all__ = ["WARM_KERNEL", "LaunchOps"]
+
+WARM_KERNEL: Final = Kernel(
+    "asynccube_warm_up",
+    cuda=CudaSource('extern "C" __global__ void asynccube_warm_up() {}', "asynccube_warm_up"),
+)
+"""Compiled and loaded when a server opens, to load NVRTC and the module loader."""
+
+
+class LaunchOps(ProfileOps):
+    """Kernel loading, checking and launching."""
+
+    # -- execution ------------------------------------------------------------------
+
+    def prepare(
+        self, kernel: Kernel, count: CubeCount | None = None, stream: StreamId | None = None
+    ) -> Callable[[], None] | None:
+        """Blocking work to run in a worker thread before ``execute`` (None: nothing to
+        do): compiling and loading a kernel not seen yet, and, given a dynamic ``count``
+        and its ``stream``, waiting for the count to be read back. Never raises: errors
+        surface from the job or from ``execute``."""
+        jobs: list[Callable[[], object]] = []
+        if kernel.cuda is not None and kernel.id not in self._kernels:
+            jobs.append(lambda: self._load(kernel))
+        if count is not None and count.binding is not None and stream is not None:
+            try:
+                jobs.append(self._prefetch_count(count, stream))
+            except Exception:  # execute reads it (and raises) itself
+                pass
+        if not jobs:
+            return None
+
+        def run() -> None:
+            for job in jobs:
+                job()
+
+        return run
+
+    def _prefetch_count(self, count: CubeCount, stream: StreamId) -> Callable[[], None]:
+        binding = count.binding
+        assert binding is not None
+        if binding.size < 12:
+            raise InvalidArgument("dynamic CubeCount too small")
+        ptr = self._ptr(binding)
+        resolved = self._streams.resolve(stream, (binding,))
+        buf = self._pinned.take(12)
+        d = cu()
+        check(d.cuMemcpyDtoHAsync(buf.ptr, ptr, 12, resolved.stream), "cuMemcpyDtoHAsync")
+        event = self._events.record(resolved.stream)
+
+        def wait() -> None:
+            self._ctx.make_current()
+            check(cu().cuEventSynchronize(event), "cuEventSynchronize(dynamic count)")
+            self._counts[id(count)] = struct.unpack("<3I", ctypes.string_at(buf.ptr, 12))
+            buf.release()
+            self._events.give(event)
+
+        return wait
+
+    def _load(self, kernel: Kernel) -> LoadedKernel:
+        self._ctx.make_current()
+        src = kernel.cuda_part(self.device)
+        compiled = self._compiler.compile(src, self._arch)
+        d = cu()
+        module = check(d.cuModuleLoadData(compiled.cubin), "cuModuleLoadData")
+        function = check(d.cuModuleGetFunction(module, compiled.symbol.encode()))
+        if src.shared_mem_bytes > 48 * 1024:
+            attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(d.cuFuncSetAttribute(function, attr, src.shared_mem_bytes), "cuFuncSetAttribute")
+        loaded = LoadedKernel(
+            function, module, src, compiled.symbol, _max_threads(function), _param_sizes(function)
+        )
+        self._kernels[kernel.id] = loaded
+        return loaded
+
+    def execute(
+        self,
+        kernel: Kernel,
+        count: CubeCount,
+        bindings: Bindings,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> None:
+        """Launch ``kernel`` over ``bindings`` on the stream's CUDA stream."""
+        loaded = self._kernels.get(kernel.id)
+        if loaded is None:
+            if kernel.cuda is None:
+                kernel.cuda_part(self.device)  # raises KernelNotSupported
+            loaded = self._load(kernel)
+        ptr = self._ptr
+        pointers = [ptr(b) for b in bindings.buffers]
+        maps = [self._encode(t) for t in bindings.tensor_maps] if bindings.tensor_maps else ()
+        pack, scalars = self._packer.get(bindings)
+        if pack.signature.key not in loaded.checked:
+            _check_signature(kernel, loaded, pack.signature)
+        if count.binding is None:
+            grid = (count.x, count.y, count.z)
+            used = bindings.all_bindings() if maps else bindings.buffers
+        else:
+            grid = self._grid(count, stream)
+            used = [*bindings.all_bindings(), count.binding]
+        if mode is ExecutionMode.CHECKED:
+            self._check_launch(kernel, loaded, grid)
+        resolved = self._streams.resolve(stream, used)
+        meta = bindings.metadata.data
+        params = pack.pack(pointers, scalars, meta if meta.size else None, maps)
+        gx, gy, gz = grid
+        if not (gx and gy and gz):
+            return
+        bx, by, bz = loaded.source.block
+        mark = self._mark(resolved.stream) if self.recorder.enabled else None
+        (err,) = self._launch(
+            loaded.function, gx, gy, gz, bx, by, bz, loaded.source.shared_mem_bytes,
+            resolved.stream, params, 0,
+        )  # fmt: skip
+        if err:
+            raise error_from(err, f"cuLaunchKernel({kernel.id})")
+        if mark is not None:
+            self._timed_op(mark, resolved.stream, kernel.id, stream, "kernel", None)
+
+    def _encode(self, tmap: Any) -> bytes:
+        return encode_tensor_map(tmap.map, self._ptr(tmap.binding))
+
+    def _grid(self, count: CubeCount, stream: StreamId) -> tuple[int, int, int]:
+        """Read a dynamic count (blocks the actor until the stream reaches it)."""
+        binding = count.binding
+        assert binding is not None
+        if binding.size < 12:
+            raise InvalidArgument(
+                f"a dynamic CubeCount needs 12 bytes (uint32 x, y, z); {binding!r} has "
+                f"{binding.size}"
+            )
+        ready = self._counts.pop(id(count), None)
+        if ready is not None:
+            return ready
+        ptr = self._ptr(binding)
+        resolved = self._streams.resolve(stream, (binding,))
+        buf = self._pinned.take(12)
+        d = cu()
+        check(d.cuMemcpyDtoHAsync(buf.ptr, ptr, 12, resolved.stream), "cuMemcpyDtoHAsync")
+        check(d.cuStreamSynchronize(resolved.stream), "cuStreamSynchronize(dynamic count)")
+        x, y, z = struct.unpack("<3I", ctypes.string_at(buf.ptr, 12))
+        buf.release()
+        return x, y, z
+
+    def _check_launch(
+        self, kernel: Kernel, loaded: LoadedKernel, grid: tuple[int, int, int]
+    ) -> None:
+        if loaded.problem is None:
+            loaded.problem = self._static_problem(loaded)
+        mx, my, mz = self._max_grid
+        if loaded.problem or grid[0] > mx or grid[1] > my or grid[2] > mz:
+            where = f"kernel {kernel.id!r} on {self.device}"
+            problem = loaded.problem or f"grid {grid} exceeds {self._max_grid}"
+            raise InvalidArgument(f"{where}: {problem}")
+
+    def _static_problem(self, loaded: LoadedKernel) -> str:
+        """What is wrong with the kernel's block and shared memory on this device ("")."""
+        extra = self._extra
+        src = loaded.source
+        limit = min(extra["max_threads_per_block"], loaded.max_threads)
+        dims = extra["max_block_dim"]
+        if block_size(src.block) > limit or any(
+            b > m for b, m in zip(src.block, dims, strict=True)
+        ):
+            return f"block {src.block} exceeds the limits ({limit} threads, dims {dims})"
+        smem = extra["max_shared_memory_per_block_optin"]
+        if src.shared_mem_bytes > smem:
+            return f"{src.shared_mem_bytes} bytes of dynamic shared memory exceed {smem}"
+        return ""
+
+
+def _max_threads(function: Any) -> int:
+    d = cu()
+    attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+    return int(check(d.cuFuncGetAttribute(attr, function), "cuFuncGetAttribute"))
+
+
+def _param_sizes(function: Any) -> tuple[int, ...] | None:
+    d = cu()
+    get = getattr(d, "cuFuncGetParamInfo", None)
+    if get is None:
+        return None
+    sizes = []
+    for index in range(1024):
+        res = get(function, index)
+        if res[0]:
+            break
+        sizes.append(int(res[2]))
+    return tuple(sizes)
+
+
+def _check_signature(kernel: Kernel, loaded: LoadedKernel, sig: Signature) -> None:
+    want = tuple(sig.param_sizes())
+    have = loaded.param_sizes
+    if have is not None and have != want:
+        raise InvalidArgument(
+            f"kernel {kernel.id!r} ({loaded.symbol}) takes parameters of {list(have)} bytes, "
+            f"but the bindings give {list(want)} ({sig}); see the kernel ABI: buffers, "
+            "tensor maps, scalars by dtype, then one metadata struct"
+        )
+    loaded.checked.add(sig.key)
