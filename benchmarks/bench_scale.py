@@ -220,7 +220,9 @@ async def ray_host(items: int, size: int) -> dict[str, Any]:
     import ray_pipeline as rp
 
     data = rp.make_items(items, size)
-    ray.init(num_cpus=2, include_dashboard=False)
+    path = os.pathsep.join([str(ROOT / "examples"), str(ROOT / "src")])
+    env = {"env_vars": {"PYTHONPATH": path}}  # the actors import the example by name
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=env)
     try:
         out, rate = await rp.ray_pipeline(["host", "host"], data)
         rp.check(data, out)
@@ -268,7 +270,7 @@ def markdown() -> str:
                 f"100-kernel sequence, host µs per kernel ({g['device']})",
                 f"eager {_f(g['eager_us'])}, replay {_f(g['replay_us'], '.3f')} "
                 f"({_f(g['ratio'], '.0f')}x)",
-                ">= 10x",
+                ">= 10x" if key == "graphs-cuda" else "-",
                 f"torch eager {_f(g.get('torch_eager_us'))}, CUDAGraph.replay "
                 f"{_f(g.get('torch_replay_us'), '.3f')}",
                 f"{env['date']}, {env['device']}",
