@@ -230,3 +230,28 @@ async def test_nested_capture_and_replay_in_capture_raise(client: ac.ComputeClie
             pass
     graph.replay()
     np.testing.assert_array_equal(await client.read_array(h, np.float32), np.full(N, 2.0))
+
+
+async def _capture_and(client: ac.ComputeClient, h: ac.Handle, then: str) -> None:
+    async with client.capture():
+        client.execute(SCALE, blocks(N), scale(h, 2.0))
+        if then == "die":
+            client._channel.kill_for_test(RuntimeError("boom"))
+            await asyncio.sleep(0.01)
+        else:
+            await client.close()
+
+
+async def test_a_client_dying_inside_a_capture_does_not_hang(device: str) -> None:
+    client = await ac.connect(device)
+    h = client.create(np.ones(N, np.float32))
+    with pytest.raises(ac.ClientDeadError):
+        await _capture_and(client, h, "die")
+    await client.close()
+
+
+async def test_closing_inside_a_capture_ends_it(device: str) -> None:
+    client = await ac.connect(device)
+    h = client.create(np.ones(N, np.float32))
+    with pytest.raises(ac.GraphCaptureError, match=r"ended by close\(\)"):
+        await _capture_and(client, h, "close")

@@ -80,6 +80,10 @@ class Channel:
         if self.guard is not None:
             self.guard(sys._getframe(1).f_code.co_name)
 
+    def unusable(self) -> AsyncCubeError:
+        """The error a call on this closed or dead channel raises."""
+        return self._unusable()
+
     def _unusable(self) -> AsyncCubeError:
         if self.state is State.DEAD:
             if isinstance(self._death, AsyncCubeError):

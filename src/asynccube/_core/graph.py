@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .bindings import Bindings
 from .capture import CapturedGraph, ServerCapture, check_update
+from .channel import State
 from .errors import GraphCaptureError, InvalidHandle
 from .stream_id import StreamId
 
@@ -226,6 +227,8 @@ async def capture(client: ClientCore) -> AsyncIterator[Graph]:
             raise
         if cap.aborted is not None:
             raise GraphCaptureError(f"the capture was ended by {cap.aborted}()")
+        if channel.state is not State.OPEN:  # died inside the block: nothing would answer
+            raise channel.unusable()
         graph._graph = reg.graphs[key] = await channel.request(_end, client, cap)
     finally:
         del reg.captures[slot]
