@@ -188,6 +188,7 @@ class CudaCapture:
         server.memory.storage = NoNewPages(server.memory.storage)
         server.execute = self._execute
         server.write = self._write
+        server.close = self._close  # a client closing or dying mid-capture ends it first
 
     def _restore(self) -> None:
         server: Any = self._server
@@ -196,7 +197,7 @@ class CudaCapture:
         server._retirer, server.recorder = retirer, recorder
         server._streams.record_wait = record_wait
         server.memory.storage = storage
-        del server.execute, server.write
+        del server.execute, server.write, server.close
         wait = cu().cuStreamWaitEvent
         for event in self.deferred:  # waits S skipped while capturing, made now
             wait(self.stream, event, 0)
@@ -204,6 +205,10 @@ class CudaCapture:
         self.deferred = []
         retirer.seal()  # events for what was held on the shadow stream, before it goes
         cu().cuStreamDestroy(self.shadow)
+
+    def _close(self) -> Any:
+        self.abort()
+        return type(self._server).close(self._server)
 
     def mine(self, stream: Any) -> bool:
         """True for the captured CUDA stream."""
