@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -105,7 +106,7 @@ class PlainStage:
         """numpy in, numpy out."""
         if self.device == "host":
             return x * np.float32(self.a) + np.float32(self.b)
-        import torch  # only the GPU peer needs it
+        torch: Any = importlib.import_module("torch")  # only the GPU peer needs it
 
         def work() -> np.ndarray:  # in a thread: torch blocks, and sets its device there
             t = torch.from_numpy(x).to(self.device)
@@ -185,9 +186,9 @@ async def ray_pipeline(
     Needs ``ray.init()`` first. Returns the results and items per second."""
     import ray
 
-    kind = ray.remote(PlainStage if plain else Stage)
-    actors = [
-        kind.options(max_concurrency=8).remote(d, a, b)  # type: ignore[attr-defined]
+    kind: Any = ray.remote(PlainStage if plain else Stage)
+    actors: list[Any] = [
+        kind.options(max_concurrency=8).remote(d, a, b)
         for d, (a, b) in zip(devices, STAGES, strict=True)
     ]
     await asyncio.gather(*(a.start.remote() for a in actors))

@@ -123,7 +123,7 @@ async def test_many_clients_on_one_loop() -> None:
 
 @pytest.mark.cuda
 async def test_a_device_that_does_not_exist_raises() -> None:
-    with pytest.raises(ac.InvalidArgument, match=r"cuda:99 does not exist"):
+    with pytest.raises(ac.DeviceError, match=r"there is no GPU cuda:99"):
         await ac.connect("cuda:99")
     async with ac.open_client("cuda:0") as client:
         assert await client.read([client.create(b"ok")]) == [b"ok"]

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..errors import CudaDriverError, InvalidArgument
+from ..errors import CudaDriverError
 from ..server import DeviceProperties
 
 __all__ = [
@@ -21,7 +21,6 @@ __all__ = [
     "STICKY_ERRORS",
     "DeviceContext",
     "check",
-    "check_ordinal",
     "cu",
     "device_properties",
     "driver_available",
@@ -142,19 +141,6 @@ def _probe() -> tuple[bool, str]:
     if count < 1:
         return False, "the CUDA driver sees no GPU"
     return True, ""
-
-
-def check_ordinal(ordinal: int) -> None:
-    """Raise InvalidArgument unless GPU ``ordinal`` exists (blocking: not on the loop)."""
-    d = cu()
-    check(d.cuInit(0), "cuInit")
-    count = int(check(d.cuDeviceGetCount(), "cuDeviceGetCount"))
-    if not 0 <= ordinal < count:
-        known = f"cuda:0 .. cuda:{count - 1}" if count else "none"
-        raise InvalidArgument(
-            f"cuda:{ordinal} does not exist: the driver sees {count} GPU(s) ({known}); "
-            "`python -m asynccube info` lists them"
-        )
 
 
 def set_current(context: Any) -> None:

@@ -12,7 +12,8 @@ from typing import Any, Final
 
 from ..bindings import Bindings, CubeCount
 from ..errors import InvalidArgument
-from ..kernel import CudaSource, Kernel, block_size
+from ..kernel import CudaSource, Kernel
+from ..launch_limits import LaunchLimits, block_problem, grid_problem
 from ..stream_id import StreamId
 from ..types import ExecutionMode
 from .abi import Signature
@@ -171,26 +172,17 @@ class LaunchOps(ProfileOps):
     ) -> None:
         if loaded.problem is None:
             loaded.problem = self._static_problem(loaded)
-        mx, my, mz = self._max_grid
-        if loaded.problem or grid[0] > mx or grid[1] > my or grid[2] > mz:
-            where = f"kernel {kernel.id!r} on {self.device}"
-            problem = loaded.problem or f"grid {grid} exceeds {self._max_grid}"
-            raise InvalidArgument(f"{where}: {problem}")
+        problem = loaded.problem or grid_problem(grid, self._max_grid)  # shared with host
+        if problem:
+            raise InvalidArgument(f"kernel {kernel.id!r} on {self.device}: {problem}")
 
     def _static_problem(self, loaded: LoadedKernel) -> str:
         """What is wrong with the kernel's block and shared memory on this device ("")."""
         extra = self._extra
-        src = loaded.source
         limit = min(extra["max_threads_per_block"], loaded.max_threads)
-        dims = extra["max_block_dim"]
-        if block_size(src.block) > limit or any(
-            b > m for b, m in zip(src.block, dims, strict=True)
-        ):
-            return f"block {src.block} exceeds the limits ({limit} threads, dims {dims})"
         smem = extra["max_shared_memory_per_block_optin"]
-        if src.shared_mem_bytes > smem:
-            return f"{src.shared_mem_bytes} bytes of dynamic shared memory exceed {smem}"
-        return ""
+        limits = LaunchLimits(self._max_grid, tuple(extra["max_block_dim"]), limit, smem)
+        return block_problem(loaded.source, limits)
 
 
 def _max_threads(function: Any) -> int:

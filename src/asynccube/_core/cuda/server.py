@@ -50,7 +50,7 @@ from ..types import MemoryAllocationMode, MemoryUsage
 from .abi import ArgPacker
 from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier
-from .driver import DeviceContext, check, check_ordinal, cu, device_properties, set_current
+from .driver import DeviceContext, check, cu, device_properties, set_current
 from .launch import WARM_KERNEL, LaunchOps
 from .lifecycle import LifecycleOps
 from .state import LoadedKernel
@@ -223,7 +223,6 @@ async def open_cuda_server(index: int = 0, settings: Settings | None = None) -> 
 
 
 def _build(index: int, options: dict[str, Any]) -> CudaServer:
-    check_ordinal(index)
     try:
         return _build_once(index, options)
     except CudaDriverError as exc:
