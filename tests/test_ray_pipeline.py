@@ -40,7 +40,9 @@ def test_plain_asyncio_driver_with_handles_and_numpy() -> None:
 def test_ray_actors_on_a_local_cluster() -> None:
     with warnings.catch_warnings():  # Ray's own import-time deprecation notices
         warnings.simplefilter("ignore")
-        ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'asynccube[ray]')")
+        ray = pytest.importorskip(
+            "ray", reason="Ray is not installed: pip install 'asynccube[ray]'"
+        )
     rp = _example()
     items = rp.make_items(6, 4096)
     path = os.pathsep.join(p for p in (str(EXAMPLE.parent), os.environ.get("PYTHONPATH")) if p)
