@@ -128,6 +128,13 @@ class ServerCore(SliceServer[SliceHandle]):
         self._table.drain(self._forget)
         self._retirer.poll()
 
+    def _collect(self) -> None:
+        """Park the slices of every handle dropped so far, record the events after their
+        last uses, and release what the device has passed (nothing waits)."""
+        self._table.drain(self._forget)
+        self._retirer.seal()
+        self._retirer.poll()
+
     def _forget(self, handle_id: int, memory: SliceHandle) -> None:
         self._addresses.pop(handle_id, None)
         last = self._streams.last_use.pop(handle_id, None)
