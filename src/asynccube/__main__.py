@@ -71,6 +71,7 @@ def _info(args: argparse.Namespace) -> int:
     for pkg in _PACKAGES:
         print(f"  {pkg:<18} {_version(pkg)}")
     print(f"  {'nvrtc':<18} {_nvrtc_version()}")
+    print(f"hot path: {_hot_path()}")
     print("devices:")
     print("  host               numpy host server (always available)")
     for dev in probe.devices:
@@ -97,6 +98,7 @@ def _info_dict(probe: Any) -> dict[str, Any]:
         "gpu_usable": probe.usable,
         "gpu_reason": probe.reason,
         "default_device": "cuda:0" if probe.usable else "host",
+        "hot_path": _hot_path(),
     }
 
 
@@ -115,6 +117,13 @@ def _nvrtc_version() -> str:
     except Exception as exc:
         return f"unavailable ({exc})"
     return f"{major}.{minor}"
+
+
+def _hot_path() -> str:
+    from ._core.cuda import hotpath
+
+    kind = "compiled (C extension)" if hotpath.ACTIVE == "native" else "pure Python"
+    return f"{kind}: {hotpath.REASON}"
 
 
 def _config(args: argparse.Namespace) -> int:

@@ -83,6 +83,8 @@ class ClientCore:
             server, "prepare_write", None
         )
         self._prepare_read: Callable[..., Job | None] | None = getattr(server, "prepare_read", None)
+        # Optional: a server-side snapshot of large data (CUDA: straight into pinned memory).
+        self._server_snapshot: Callable[[Any], Any] | None = getattr(server, "snapshot", None)
         self._staging: dict[int, weakref.ref[npt.NDArray[np.uint8]]] = {}
         self._jobs = JobThread(loop)
 
@@ -158,6 +160,10 @@ class ClientCore:
             ref = self._staging.get(id(data))
             if ref is not None and ref() is data:
                 return memoryview(data)  # type: ignore[arg-type]
+        if self._server_snapshot is not None and not isinstance(data, bytes):
+            snap = self._server_snapshot(data)
+            if snap is not None:
+                return snap
         return as_bytes(data)
 
     def _create_with_data(self, stream: StreamId, handle: Handle, raw: Any) -> Any:

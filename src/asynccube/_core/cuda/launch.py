@@ -16,8 +16,10 @@ from ..kernel import CudaSource, Kernel
 from ..launch_limits import LaunchLimits, block_problem, grid_problem
 from ..stream_id import StreamId
 from ..types import ExecutionMode
-from .abi import Signature
+from .abi import ArgPack
+from .cubin import kernel_param_sizes
 from .driver import check, cu, error_from
+from .hotpath import hot
 from .state import LoadedKernel
 from .timing import ProfileOps
 from .tma import encode_tensor_map
@@ -43,6 +45,8 @@ class LaunchOps(ProfileOps):
         do): compiling and loading a kernel not seen yet, and, given a dynamic ``count``
         and its ``stream``, waiting for the count to be read back. Never raises: errors
         surface from the job or from ``execute``."""
+        if kernel.id in self._kernels and (count is None or count.binding is None):
+            return None  # the usual case: loaded, static count
         jobs: list[Callable[[], object]] = []
         if kernel.cuda is not None and kernel.id not in self._kernels:
             jobs.append(lambda: self._load(kernel))
@@ -92,7 +96,12 @@ class LaunchOps(ProfileOps):
             attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(d.cuFuncSetAttribute(function, attr, src.shared_mem_bytes), "cuFuncSetAttribute")
         loaded = LoadedKernel(
-            function, module, src, compiled.symbol, _max_threads(function), _param_sizes(function)
+            function,
+            module,
+            src,
+            compiled.symbol,
+            _max_threads(function),
+            _param_sizes(function, compiled.cubin, compiled.symbol),
         )
         self._kernels[kernel.id] = loaded
         return loaded
@@ -111,12 +120,11 @@ class LaunchOps(ProfileOps):
             if kernel.cuda is None:
                 kernel.cuda_part(self.device)  # raises KernelNotSupported
             loaded = self._load(kernel)
-        ptr = self._ptr
-        pointers = [ptr(b) for b in bindings.buffers]
+        pointers = self._pointers(bindings.buffers)
         maps = [self._encode(t) for t in bindings.tensor_maps] if bindings.tensor_maps else ()
         pack, scalars = self._packer.get(bindings)
-        if pack.signature.key not in loaded.checked:
-            _check_signature(kernel, loaded, pack.signature)
+        if pack not in loaded.checked:
+            _check_signature(kernel, loaded, pack)
         if count.binding is None:
             grid = (count.x, count.y, count.z)
             used = bindings.all_bindings() if maps else bindings.buffers
@@ -126,16 +134,16 @@ class LaunchOps(ProfileOps):
         if mode is ExecutionMode.CHECKED:
             self._check_launch(kernel, loaded, grid)
         resolved = self._streams.resolve(stream, used)
-        meta = bindings.metadata.data
-        params = pack.pack(pointers, scalars, meta if meta.size else None, maps)
         gx, gy, gz = grid
         if not (gx and gy and gz):
             return
-        bx, by, bz = loaded.source.block
+        meta = bindings.metadata.data
+        bx, by, bz, smem = loaded.shape
         mark = self._mark(resolved.stream) if self.recorder.enabled else None
-        (err,) = self._launch(
-            loaded.function, gx, gy, gz, bx, by, bz, loaded.source.shared_mem_bytes,
-            resolved.stream, params, 0,
+        err = self._launch(
+            pack.state, loaded.function, gx, gy, gz, bx, by, bz, smem, resolved.stream,
+            pointers, [s.data for s in scalars] if scalars else None,
+            meta if meta.size else None, maps or None,
         )  # fmt: skip
         if err:
             raise error_from(err, f"cuLaunchKernel({kernel.id})")
@@ -191,21 +199,36 @@ def _max_threads(function: Any) -> int:
     return int(check(d.cuFuncGetAttribute(attr, function), "cuFuncGetAttribute"))
 
 
-def _param_sizes(function: Any) -> tuple[int, ...] | None:
-    d = cu()
-    get = getattr(d, "cuFuncGetParamInfo", None)
+def _param_sizes(function: Any, cubin: bytes, symbol: str) -> tuple[int, ...] | None:
+    """The byte size of each of the kernel's parameters (None: nothing can say).
+
+    From ``cuFuncGetParamCount`` + ``cuFuncGetParamInfo`` where the driver has them, else
+    from the cubin itself (:mod:`.cubin`): ``cuFuncGetParamInfo`` is never probed past
+    the last parameter, a failing call that compute-sanitizer reports. Only when neither
+    says is the driver probed as before."""
+    answer = hot.param_sizes(function)
+    if answer is not None:
+        err, sizes = answer
+        if err:
+            raise error_from(err, "cuFuncGetParamCount/cuFuncGetParamInfo")
+        return sizes
+    sizes = kernel_param_sizes(cubin, symbol)
+    if sizes is not None:
+        return sizes
+    get = getattr(cu(), "cuFuncGetParamInfo", None)
     if get is None:
         return None
-    sizes = []
+    probed = []
     for index in range(1024):
         res = get(function, index)
         if res[0]:
             break
-        sizes.append(int(res[2]))
-    return tuple(sizes)
+        probed.append(int(res[2]))
+    return tuple(probed)
 
 
-def _check_signature(kernel: Kernel, loaded: LoadedKernel, sig: Signature) -> None:
+def _check_signature(kernel: Kernel, loaded: LoadedKernel, pack: ArgPack) -> None:
+    sig = pack.signature
     want = tuple(sig.param_sizes())
     have = loaded.param_sizes
     if have is not None and have != want:
@@ -214,4 +237,4 @@ def _check_signature(kernel: Kernel, loaded: LoadedKernel, sig: Signature) -> No
             f"but the bindings give {list(want)} ({sig}); see the kernel ABI: buffers, "
             "tensor maps, scalars by dtype, then one metadata struct"
         )
-    loaded.checked.add(sig.key)
+    loaded.checked.add(pack)

@@ -51,6 +51,7 @@ from .abi import ArgPacker
 from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier
 from .driver import DeviceContext, check, cu, device_properties, set_current
+from .hotpath import hot
 from .launch import WARM_KERNEL, LaunchOps
 from .lifecycle import LifecycleOps
 from .state import LoadedKernel
@@ -99,6 +100,7 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps):
         zero_copy_read: int = ZERO_COPY_READ,
         recorder: KernelRecorder | None = None,
     ) -> None:
+        hot.open_driver()
         self._ctx = context
         self._props = properties or device_properties(context.ordinal)
         self._extra = self._props.extra
@@ -124,9 +126,10 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps):
         self._counts: dict[int, tuple[int, int, int]] = {}
         self._staged: dict[int, tuple[int, object]] = {}
         self._addresses: dict[int, tuple[int, int]] = {}
-        self._launch = cu().cuLaunchKernel
+        self._launch = hot.launch
         self._janitor: ThreadPoolExecutor | None = None
         self._staged_reads: dict[int, PinnedBuffer] = {}
+        self._small_reads: dict[int, list[PinnedBuffer]] = {}
         self._created_at: dict[int, tuple[StreamId, int]] = {}
         self._profiles: dict[int, Any] = {}
         self._tokens = itertools.count(1)

@@ -47,8 +47,15 @@ class LoadedKernel:
     symbol: str
     max_threads: int
     param_sizes: tuple[int, ...] | None
-    checked: set[tuple[object, ...]] = field(default_factory=set)
+    checked: set[object] = field(default_factory=set)
+    """The argument packs (one per signature) already checked against the kernel."""
     problem: str | None = None
+    shape: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """Block x, y, z and dynamic shared memory bytes, as ``cuLaunchKernel`` takes them."""
+
+    def __post_init__(self) -> None:
+        bx, by, bz = self.source.block
+        self.shape = (bx, by, bz, self.source.shared_mem_bytes)
 
 
 class ServerCore(SliceServer[SliceHandle]):
@@ -76,6 +83,7 @@ class ServerCore(SliceServer[SliceHandle]):
     _launch: Any
     _janitor: ThreadPoolExecutor | None
     _staged_reads: dict[int, PinnedBuffer]
+    _small_reads: dict[int, list[PinnedBuffer]]
     _created_at: dict[int, tuple[StreamId, int]]
     _profiles: dict[int, Any]
     _tokens: itertools.count[int]
@@ -155,6 +163,25 @@ class ServerCore(SliceServer[SliceHandle]):
         if not 0 <= start <= end <= length:
             return self._ptr_slow(binding)  # raises, naming the range
         return base + start
+
+    def _pointers(self, bindings: list[Binding]) -> list[int]:
+        """:meth:`_ptr` of each binding, in one loop (a launch's buffers)."""
+        addresses = self._addresses
+        queue = self._table.queue
+        out = []
+        for b in bindings:
+            token = b.memory
+            entry = addresses.get(token.id)
+            start = b.offset_start or 0
+            if (
+                entry is not None
+                and token.queue is queue
+                and 0 <= start <= b.buffer_size - (b.offset_end or 0) <= entry[1]
+            ):
+                out.append(entry[0] + start)
+            else:
+                out.append(self._ptr(b))
+        return out
 
     def _ptr_slow(self, binding: Binding) -> int:
         memory = self._table.get(binding)  # raises InvalidHandle for foreign/freed handles

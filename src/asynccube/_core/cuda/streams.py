@@ -9,7 +9,8 @@ from collections import deque
 from typing import Any
 
 from .completion import EventPool
-from .driver import check, cu
+from .driver import check, cu, error_from
+from .hotpath import hot
 
 __all__ = ["CudaBackend", "Retirer"]
 
@@ -38,7 +39,9 @@ class CudaBackend:
     def wait_event(self, stream: Any, event: Any) -> None:
         """Make ``stream`` wait for ``event``; the event is free again at once (the
         wait captured its state)."""
-        check(cu().cuStreamWaitEvent(stream, event, 0), "cuStreamWaitEvent")
+        err = hot.stream_wait_event(stream, event)
+        if err:
+            raise error_from(err, "cuStreamWaitEvent")
         self.events.give(event)
 
     def wait_event_sync(self, event: Any) -> None:
@@ -79,12 +82,12 @@ class Retirer:
 
     def poll(self) -> int:
         """Drop what the device has passed; return how many groups are still held."""
-        query = cu().cuEventQuery
+        query = hot.event_query
         left = 0
         for queue in self._inflight.values():
             while queue:
                 event, objs = queue[0]
-                (err,) = query(event)
+                err = query(event)
                 if err:
                     break
                 queue.popleft()

@@ -15,6 +15,7 @@ from ..stream_id import StreamId
 from ..types import ProfileDuration, ProfilingToken, TimingMethod
 from .completion import CudaCompletion
 from .driver import check, cu
+from .hotpath import hot
 from .state import ServerCore
 
 __all__ = ["ProfileOps", "TimedOp"]
@@ -64,8 +65,8 @@ class ProfileOps(ServerCore):
     def kernel_records(self, stream: StreamId) -> list[KernelRecord]:
         """Kernels and copies recorded so far, timed by their CUDA events (those whose
         events the device has not reached yet are added on a later call)."""
-        query = cu().cuEventQuery
-        while self._timed and query(self._timed[0].end)[0] == 0:
+        query = hot.event_query
+        while self._timed and query(self._timed[0].end) == 0:
             op = self._timed.popleft()
             start, end = self._since_epoch(op.start), self._since_epoch(op.end)
             self._timing.give(op.start)

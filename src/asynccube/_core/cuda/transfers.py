@@ -6,10 +6,9 @@ off the loop (``prepare_write``/``prepare_read``), ``staging`` and ``get_resourc
 from __future__ import annotations
 
 import ctypes
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, Final
-
-import numpy as np
 
 from ..host.layout import check_copy
 from ..server import BindingResource, BytesLike
@@ -17,7 +16,8 @@ from ..stream_id import StreamId
 from ..types import Binding, CopyDescriptor
 from .completion import CudaCompletion
 from .copies import CopyPlan, issue_copy, plan_copy
-from .driver import cu
+from .driver import error_from
+from .hotpath import hot
 from .storage import PinnedBuffer, PinnedPool
 from .timing import ProfileOps
 
@@ -27,6 +27,17 @@ ZERO_COPY_READ: Final = 1 << 20
 """Reads of at least this many bytes come back as memoryviews of pinned memory."""
 INLINE_BYTES: Final = 1 << 20
 """Pageable data above this size is staged by ``prepare_write``'s worker-thread job."""
+
+COPY_SPLIT: Final = 1 << 20
+"""Host copies into staging buffers of at least this many bytes go through
+``hot.copy_into`` (GIL released; split over threads from 16 MiB)."""
+SNAPSHOT_BYTES: Final = 4 << 20
+"""Client data of at least this many bytes is snapshotted into pinned memory when a free
+buffer of its size exists (:meth:`TransferOps.snapshot`)."""
+SMALL_READ: Final = 64 << 10
+"""Reads up to this many bytes reuse pinned buffers the server keeps per size."""
+COPY_THREADS: Final = max(1, min(8, os.cpu_count() or 1))
+"""Threads a large host copy is split over."""
 
 
 class TransferOps(ProfileOps):
@@ -66,12 +77,31 @@ class TransferOps(ProfileOps):
             nbytes = sum(mv.nbytes for _, _, _, mv in jobs)
             self._timed_op(mark, resolved.stream, "write", stream, "copy", nbytes)
 
+    def snapshot(self, data: Any) -> memoryview | None:
+        """A copy of large host data taken now, straight into a free pinned buffer (one
+        host copy instead of two, split over threads with the GIL released), or None
+        (small or non-contiguous data, or no free pinned buffer of that size: the client
+        copies it itself). ``write`` then copies from it without staging."""
+        if type(data) is bytes:
+            return None  # immutable: taken by reference
+        try:
+            mv = memoryview(data).cast("B")
+        except TypeError:
+            return None
+        if mv.nbytes < SNAPSHOT_BYTES:
+            return None
+        buf = self._pinned.try_take(mv.nbytes)
+        if buf is None:
+            return None
+        hot.copy_into(buf.array(), mv, COPY_THREADS)
+        return buf.view()
+
     def prepare_write(
         self, items: Sequence[tuple[CopyDescriptor, BytesLike]], stream: StreamId
     ) -> Callable[[], None] | None:
         """A job for a worker thread that stages large pageable data into pinned buffers
         before ``write`` (None: nothing worth moving off the loop). Never raises."""
-        big = [data for _, data in items if _nbytes(data) > INLINE_BYTES]
+        big = [d for _, d in items if _nbytes(d) > INLINE_BYTES and not _pinned_data(d)]
         if not big:
             return None
 
@@ -88,6 +118,10 @@ class TransferOps(ProfileOps):
         """Each tensor, densely packed: ``bytes``, or a memoryview of pinned memory for
         reads of at least ``zero_copy_read`` bytes (no extra host copy)."""
         self._retirer.poll()
+        if len(descriptors) == 1:
+            fast = self._read_one(descriptors[0], stream)
+            if fast is not None:
+                return fast
         jobs = []
         total = 0
         for desc in descriptors:
@@ -106,12 +140,64 @@ class TransferOps(ProfileOps):
         big = total >= self._zero_copy
         return self._complete(stream, [resolved.stream], lambda: _unstage(buf, spans, big))
 
+    def _read_one(self, desc: CopyDescriptor, stream: StreamId) -> CudaCompletion[list[Any]] | None:
+        """The common read, one dense 1D range, with the checks of ``check_copy`` and the
+        copy plan worked out inline (None: not that case; the general path handles it)."""
+        shape, strides, elem = desc.shape, desc.strides, desc.elem_size
+        if len(shape) != 1 or len(strides) != 1 or strides[0] != 1 or elem <= 0:
+            return None
+        nbytes = shape[0] * elem
+        binding = desc.binding
+        if not 0 < nbytes <= binding.size or self.recorder.enabled:
+            return None
+        ptr = self._ptr(binding)
+        resolved = self._streams.resolve(stream, [binding])
+        cu_stream = resolved.stream
+        if nbytes <= SMALL_READ:
+            return self._read_small(ptr, nbytes, stream, cu_stream)
+        buf = self._staged_reads.pop(nbytes, None) or self._pinned.take(nbytes)
+        err = hot.memcpy_async(False, ptr, buf.ptr, nbytes, cu_stream)
+        if err:
+            buf.release()
+            raise error_from(err, "cuMemcpyDtoHAsync")
+        spans = [(0, nbytes)]
+        big = nbytes >= self._zero_copy
+        return self._complete(stream, [cu_stream], lambda: _unstage(buf, spans, big))
+
+    def _read_small(
+        self, ptr: int, nbytes: int, stream: StreamId, cu_stream: Any
+    ) -> CudaCompletion[list[Any]]:
+        """A small read through a pinned buffer the server keeps for reads of that size
+        (taken and put back on the loop thread, without the pool's lock)."""
+        spare = self._small_reads.get(nbytes)
+        buf = spare.pop() if spare else self._pinned.take(nbytes)
+        err = hot.memcpy_async(False, ptr, buf.ptr, nbytes, cu_stream)
+        if err:
+            buf.release()
+            raise error_from(err, "cuMemcpyDtoHAsync")
+
+        def finish() -> list[Any]:
+            out = [ctypes.string_at(buf.ptr, nbytes)]
+            kept = self._small_reads.get(nbytes)
+            if kept is None and len(self._small_reads) < 32:
+                kept = self._small_reads[nbytes] = []
+            if kept is not None and len(kept) < 4 and not self.closed:
+                kept.append(buf)
+            else:
+                buf.release()
+            return out
+
+        return self._complete(stream, [cu_stream], finish)
+
     def prepare_read(
         self, descriptors: Sequence[CopyDescriptor], stream: StreamId
     ) -> Callable[[], None] | None:
         """A job for a worker thread that allocates the pinned buffer of a large read
         when none of its size is free (None: nothing to do). Never raises."""
-        size = sum(_desc_nbytes(d) for d in descriptors)
+        if len(descriptors) == 1:
+            size = _desc_nbytes(descriptors[0])
+        else:
+            size = sum(_desc_nbytes(d) for d in descriptors)
         if size <= self._pinned.small_limit or size in self._staged_reads:
             return None
         buf = self._pinned.try_take(size)
@@ -139,15 +225,18 @@ def _plan(desc: CopyDescriptor) -> CopyPlan:
     return plan_copy(desc.shape, desc.strides, desc.elem_size)
 
 
-def _address(mv: memoryview) -> int:
-    return int(np.frombuffer(mv, np.uint8).ctypes.data)
+def _pinned_data(data: BytesLike) -> bool:
+    """Page-locked bytes (a staging buffer or a snapshot): written without staging."""
+    try:
+        return _is_pinned(hot.address(data))
+    except Exception:  # not a contiguous buffer: the job's staging raises for it
+        return False
 
 
 def _is_pinned(addr: int) -> bool:
-    d = cu()
-    attr = d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-    err, kind = d.cuPointerGetAttribute(attr, addr)
-    return not err and int(kind) == int(d.CUmemorytype.CU_MEMORYTYPE_HOST)
+    """Page-locked host memory? (``cuPointerGetAttributes``, which answers "not CUDA
+    memory" without failing, unlike ``cuPointerGetAttribute``.)"""
+    return hot.is_pinned(addr)
 
 
 def _nbytes(data: BytesLike) -> int:
@@ -167,11 +256,14 @@ def _desc_nbytes(desc: CopyDescriptor) -> int:
 def _stage(pinned: PinnedPool, mv: memoryview) -> tuple[int, object]:
     """``(address, owner)`` of page-locked bytes equal to ``mv``: ``mv`` itself when it
     already is page-locked, else a pinned buffer filled with a copy."""
-    addr = _address(mv)
+    addr = hot.address(mv)
     if _is_pinned(addr):
         return addr, mv
     buf = pinned.take(mv.nbytes)
-    ctypes.memmove(buf.ptr, addr, mv.nbytes)
+    if mv.nbytes < COPY_SPLIT:
+        ctypes.memmove(buf.ptr, addr, mv.nbytes)
+    else:  # the GIL released, several threads for large copies
+        hot.copy_into(buf.array(), mv, COPY_THREADS)
     return buf.ptr, buf
 
 
