@@ -155,7 +155,7 @@ async def _source_done(
     await _wait(copied, other)
     src._channel.activate()
     if copied.exception() is not None:
-        src.server._events.give(source[2])  # type: ignore[attr-defined]
+        peer.abandon(src.server, source)  # type: ignore[arg-type]
         return
     peer.finish(src.server, other.server, source, copied.result(), binding)  # type: ignore[arg-type]
 

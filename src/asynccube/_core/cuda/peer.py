@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Export",
+    "abandon",
     "can_copy",
     "describe_links",
     "enable_peer_job",
@@ -150,6 +151,11 @@ def import_copy(server: CudaServer, handle: Handle, source: Export, stream: Stre
     res = d.cuMemcpyPeerAsync(dst, server.context.context, ptr, ctx, binding.size, resolved.stream)
     check(res, "cuMemcpyPeerAsync")
     return server._events.record(resolved.stream)
+
+
+def abandon(src: CudaServer, source: Export) -> None:
+    """The source side when the destination failed before copying: the event goes back."""
+    src._events.give(source[2])
 
 
 def finish(src: CudaServer, dst: CudaServer, source: Export, copied: Any, binding: Binding) -> None:
