@@ -255,3 +255,18 @@ async def test_closing_inside_a_capture_ends_it(device: str) -> None:
     h = client.create(np.ones(N, np.float32))
     with pytest.raises(ac.GraphCaptureError, match=r"ended by close\(\)"):
         await _capture_and(client, h, "close")
+
+
+async def test_other_tasks_allocate_new_pages_during_a_capture(client: ac.ComputeClient) -> None:
+    h = client.create(np.ones(N, np.float32))
+
+    async def other_task() -> int:
+        big = client.empty(64 << 20)  # a new page, on another stream: allowed
+        await client.sync()
+        return big.size
+
+    async with client.capture() as graph:
+        client.execute(SCALE, blocks(N), scale(h, 2.0))
+        assert await asyncio.create_task(other_task()) == 64 << 20
+    graph.replay()
+    np.testing.assert_array_equal(await client.read_array(h, np.float32), np.full(N, 2.0))

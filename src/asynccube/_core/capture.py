@@ -9,7 +9,7 @@ being captured.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,7 +18,7 @@ from .errors import GraphCaptureError, GraphUpdateError
 from .kernel import Kernel
 from .memory.storage import StorageHandle
 from .stream_id import StreamId
-from .types import Binding, ExecutionMode
+from .types import Binding, ExecutionMode, Handle
 
 __all__ = [
     "CapturedGraph",
@@ -26,6 +26,7 @@ __all__ = [
     "NoNewPages",
     "ServerCapture",
     "check_update",
+    "guarded_create",
     "refuse_dynamic",
 ]
 
@@ -81,16 +82,21 @@ def refuse_dynamic(count: CubeCount) -> None:
 
 
 class NoNewPages:
-    """A storage twin that refuses new pages (and forwards everything else), installed
-    as a memory manager's storage while a capture is open."""
+    """A storage twin installed as a memory manager's storage while a capture is open:
+    it refuses new pages while ``refusing`` (an allocation of the capturing stream) and
+    forwards everything else (other streams allocate as usual)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.alignment: int = inner.alignment
         self.max_alloc: int | None = inner.max_alloc
+        self.refusing = False
 
     def alloc(self, size: int) -> StorageHandle:
-        """Refuse: a new page cannot be recorded into a graph."""
+        """A new page, unless refusing: a new page cannot be recorded into a graph."""
+        if not self.refusing:
+            page: StorageHandle = self.inner.alloc(size)
+            return page
         raise GraphCaptureError(
             f"an allocation that needs a new page ({size} bytes) cannot be captured; "
             "create the buffers before the capture (or free some to be reused)"
@@ -110,6 +116,24 @@ class NoNewPages:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def guarded_create(server: Any, pages: NoNewPages, slot: int) -> Callable[..., None]:
+    """A twin of ``server.create`` under which the capturing slot's allocations may not
+    take new pages."""
+    create = type(server).create
+
+    def twin(handles: Sequence[Handle], stream: StreamId) -> None:
+        if server.stream_slot(stream) != slot:
+            create(server, handles, stream)
+            return
+        pages.refusing = True
+        try:
+            create(server, handles, stream)
+        finally:
+            pages.refusing = False
+
+    return twin
 
 
 def check_update(launches: list[CapturedLaunch], index: object, new: object) -> Bindings:

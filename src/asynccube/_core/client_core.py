@@ -183,8 +183,12 @@ class ClientCore:
     def empty(self, size: int) -> Handle:
         """A new uninitialized buffer of ``size`` bytes."""
         channel = self._channel
-        if channel.state is not State.OPEN or _get_running_loop() is not channel.loop:
-            channel.check()  # raises
+        if (
+            channel.state is not State.OPEN
+            or _get_running_loop() is not channel.loop
+            or channel.guard is not None  # a graph capture is open
+        ):
+            channel.check()  # raises, unless only the capture guard had to see it
         stream = StreamId.current()
         handle = self._mint(size, stream)
         channel.send(channel.fire, stream, self._server.create, [handle])
@@ -308,8 +312,12 @@ class ClientCore:
     ) -> None:
         """Queue ``kernel`` over ``bindings`` with ``count`` cubes (fire-and-forget)."""
         channel = self._channel
-        if channel.state is not State.OPEN or _get_running_loop() is not channel.loop:
-            channel.check()  # raises
+        if (
+            channel.state is not State.OPEN
+            or _get_running_loop() is not channel.loop
+            or channel.guard is not None  # a graph capture is open
+        ):
+            channel.check()  # raises, unless only the capture guard had to see it
         if type(kernel) is not Kernel or type(count) is not CubeCount:
             _bad_execute(kernel, count, bindings, mode)
         if type(bindings) is not Bindings or type(mode) is not ExecutionMode:

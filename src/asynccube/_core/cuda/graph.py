@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..bindings import Bindings, CubeCount
-from ..capture import CapturedLaunch, NoNewPages, refuse_dynamic
+from ..capture import CapturedLaunch, NoNewPages, guarded_create, refuse_dynamic
 from ..errors import CudaDriverError, GraphCaptureError, GraphUpdateError
 from ..kernel import Kernel
 from ..profiling import KernelRecorder
@@ -185,7 +185,8 @@ class CudaCapture:
         server._retirer = _CaptureRetirer(server._retirer, self)
         server.recorder = KernelRecorder()
         server._streams.record_wait = None
-        server.memory.storage = NoNewPages(server.memory.storage)
+        pages = server.memory.storage = NoNewPages(server.memory.storage)
+        server.create = guarded_create(server, pages, self._slot)
         server.execute = self._execute
         server.write = self._write
         server.close = self._close  # a client closing or dying mid-capture ends it first
@@ -197,7 +198,7 @@ class CudaCapture:
         server._retirer, server.recorder = retirer, recorder
         server._streams.record_wait = record_wait
         server.memory.storage = storage
-        del server.execute, server.write, server.close
+        del server.execute, server.write, server.close, server.create
         wait = cu().cuStreamWaitEvent
         for event in self.deferred:  # waits S skipped while capturing, made now
             wait(self.stream, event, 0)

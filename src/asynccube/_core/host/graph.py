@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..bindings import Bindings, CubeCount
-from ..capture import CapturedLaunch, NoNewPages, refuse_dynamic
+from ..capture import CapturedLaunch, NoNewPages, guarded_create, refuse_dynamic
 from ..kernel import Kernel
 from ..server import BytesLike
 from ..stream_id import StreamId
@@ -64,7 +64,8 @@ class HostCapture:
         self._commands: list[CapturedLaunch | _Write] = []
         memory = server.memory
         self._storage = memory.storage
-        memory.storage = NoNewPages(self._storage)
+        pages = memory.storage = NoNewPages(self._storage)
+        server.create = guarded_create(server, pages, self._slot)  # type: ignore[method-assign]
         server.execute = self._execute  # type: ignore[method-assign]
         server.write = self._write  # type: ignore[method-assign]
 
@@ -101,7 +102,7 @@ class HostCapture:
 
     def _restore(self) -> None:
         server: Any = self._server
-        del server.execute, server.write
+        del server.execute, server.write, server.create
         server.memory.storage = self._storage
 
     def end(self) -> HostGraph:
