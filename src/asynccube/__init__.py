@@ -42,6 +42,8 @@ from ._core.errors import (
     DeviceError,
     DLPackError,
     ExecutionError,
+    GraphCaptureError,
+    GraphUpdateError,
     InvalidArgument,
     InvalidHandle,
     IoError,
@@ -55,6 +57,7 @@ from ._core.errors import (
     UnsupportedIoOperation,
     UnsupportedStrides,
 )
+from ._core.graph import Graph
 from ._core.host.server import HostServer
 from ._core.kernel import CudaSource, HostLaunch, Kernel
 from ._core.memory import MemoryReport, PoolReport
@@ -125,6 +128,9 @@ __all__ = [
     "DeviceProperties",
     "ExecutionError",
     "ExecutionMode",
+    "Graph",
+    "GraphCaptureError",
+    "GraphUpdateError",
     "Handle",
     "HostLaunch",
     "HostServer",

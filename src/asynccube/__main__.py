@@ -76,6 +76,11 @@ def _info(args: argparse.Namespace) -> int:
     print("  host               numpy host server (always available)")
     for dev in probe.devices:
         print(f"  {dev}")
+    if len(probe.devices) > 1:
+        from ._core.cuda.peer import describe_links
+
+        links = describe_links(len(probe.devices))
+        print("peer links:", *(f"  {line}" for line in links), sep="\n")
     if not probe.usable:
         print(f"GPU not used: {probe.reason}")
     print(f"default device: {'cuda:0' if probe.usable else 'host'}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import sys
 import time
 import traceback
 from collections import deque
@@ -68,6 +69,10 @@ class Channel:
         self._batch_end_scheduled = False
         self._inline_deadline = 0.0
         self.watcher = CompletionWatcher(loop)
+        self.guard: Callable[[str], None] | None = None
+        """Set while a graph capture is open: called by ``check`` with the name of the
+        client method calling it (see :mod:`.graph`)."""
+        self._activate: Callable[[], None] | None = getattr(server, "activate", None)
         self._actor = loop.create_task(self._run(), name="asynccube-actor")
 
     # -- client side ------------------------------------------------------------------
@@ -81,6 +86,12 @@ class Channel:
                 "this client runs on another event loop or thread; call it from its own "
                 "loop, or use asyncio.run_coroutine_threadsafe(coro, client.loop)"
             )
+        if self.guard is not None:
+            self.guard(sys._getframe(1).f_code.co_name)
+
+    def unusable(self) -> AsyncCubeError:
+        """The error a call on this closed or dead channel raises."""
+        return self._unusable()
 
     def idle(self) -> bool:
         """True when no command is queued for the actor (every sent command has run)."""
@@ -128,6 +139,8 @@ class Channel:
 
     def _run_inline(self, op: Op, args: tuple[Any, ...]) -> None:
         try:
+            if self._activate is not None:
+                self._activate()
             pending = op(*args)
         except BaseException as exc:  # as in the actor: a bug kills the channel
             self._die(exc)
@@ -144,7 +157,21 @@ class Channel:
     def _end_inline_batch(self) -> None:
         self._batch_end_scheduled = False
         if self.state is not State.DEAD:
-            self.server.end_batch()
+            self._end_batch()
+
+    def activate(self) -> None:
+        """Make the server's device current (a command resuming after an await: another
+        client's commands may have run meanwhile)."""
+        if self._activate is not None:
+            self._activate()
+
+    def _end_batch(self) -> None:
+        if self._activate is not None:
+            self._activate()
+        self.server.end_batch()
+        pending = self._pending
+        if pending:  # futures a command settled itself (graphs, transfers): keep none
+            pending.difference_update([f for f in pending if f.done()])
 
     def request(self, op: Op, *args: Any) -> asyncio.Future[Any]:
         """Queue a command whose last argument is the future it resolves; return it."""
@@ -176,16 +203,19 @@ class Channel:
         queue = self._queue
         clock = time.perf_counter
         deadline = clock() + _BATCH_SECONDS
+        activate = self._activate
         while queue and not self._stop:
             op, args = queue.popleft()
+            if activate is not None:
+                activate()
             pending = op(*args)
             if pending is not None:
                 await pending
             if clock() > deadline:
-                self.server.end_batch()
+                self._end_batch()
                 await asyncio.sleep(0)
                 deadline = clock() + _BATCH_SECONDS
-        self.server.end_batch()
+        self._end_batch()
 
     def fire(self, stream: StreamId, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args, stream)``; hold any error for ``stream``."""
@@ -330,6 +360,8 @@ class Channel:
 
     def _shutdown_server(self) -> None:
         try:
+            if self._activate is not None:
+                self._activate()
             self.server.close()
         except BaseException as exc:  # the server is broken; the death cause is kept
             if self._death is not None:

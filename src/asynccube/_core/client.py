@@ -10,7 +10,7 @@ import asyncio
 import itertools
 import warnings
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from .client_args import _array_layout, _same_as_tensor
 from .client_core import ClientCore
 from .config import AsyncCubeConfig
 from .errors import InvalidArgument, ProfileError
+from .graph import Graph, capture, release_graphs
 from .interop import import_dlpack, tensor_strides
 from .logging import area_logger
 from .memory.management import MemoryReport
@@ -29,6 +30,7 @@ from .server import ComputeServer
 from .stream_id import StreamId
 from .tensor import Tensor
 from .timeline import Timeline
+from .transfer import to_client
 from .types import (
     AllocationKind,
     Binding,
@@ -202,6 +204,29 @@ class ComputeClient(ClientCore):
         flat = np.frombuffer(raw, dtype=dt).copy()
         return flat if dims is None else flat.reshape(dims)
 
+    # -- graphs and other clients ---------------------------------------------------------
+
+    def capture(self) -> AbstractAsyncContextManager[Graph]:
+        """``async with client.capture() as graph:`` records the calling task's commands
+        (executes, writes, copies) into a graph instead of running them; then
+        ``graph.replay()`` runs them (fire-and-forget, ordered like an execute).
+
+        A read, a sync, an allocation that needs a new page and other operations that
+        cannot be recorded raise :class:`GraphCaptureError` naming them, and end the
+        capture. On CUDA this is a stream capture instantiated once; on the host server
+        the command list is kept and run again.
+        """
+        return capture(self)
+
+    def to_client(self, handle: Handle | Binding, other: ComputeClient) -> Handle:
+        """A new handle in ``other`` holding the bytes of ``handle`` (fire-and-forget).
+
+        Between GPUs that reach each other: a peer copy; otherwise staged through
+        (pinned) host memory. Ordered on both sides: the copy sees the work queued on
+        ``handle`` so far; ``other``'s later work on the new handle sees the copy.
+        """
+        return to_client(self, handle, other)
+
     # -- lifecycle ----------------------------------------------------------------------
 
     async def close(self) -> None:
@@ -212,6 +237,7 @@ class ComputeClient(ClientCore):
         """
         channel = self._channel
         if channel.state is State.OPEN:
+            release_graphs(self)
             self._closing = channel.begin_close()
         try:
             if self._closing is not None and not self._closing.done():

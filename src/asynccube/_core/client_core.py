@@ -184,8 +184,12 @@ class ClientCore:
     def empty(self, size: int) -> Handle:
         """A new uninitialized buffer of ``size`` bytes."""
         channel = self._channel
-        if channel.state is not State.OPEN or _get_running_loop() is not channel.loop:
-            channel.check()  # raises
+        if (
+            channel.state is not State.OPEN
+            or _get_running_loop() is not channel.loop
+            or channel.guard is not None  # a graph capture is open
+        ):
+            channel.check()  # raises, unless only the capture guard had to see it
         stream = StreamId.current()
         handle = self._mint(size, stream)
         channel.send(channel.fire, stream, self._server.create, [handle])
@@ -309,12 +313,18 @@ class ClientCore:
     ) -> None:
         """Queue ``kernel`` over ``bindings`` with ``count`` cubes (fire-and-forget)."""
         channel = self._channel
-        if channel.state is not State.OPEN or _get_running_loop() is not channel.loop:
-            channel.check()  # raises
+        if (
+            channel.state is not State.OPEN
+            or _get_running_loop() is not channel.loop
+            or channel.guard is not None  # a graph capture is open
+        ):
+            channel.check()  # raises, unless only the capture guard had to see it
         if type(kernel) is not Kernel or type(count) is not CubeCount:
             _bad_execute(kernel, count, bindings, mode)
         if type(bindings) is not Bindings or type(mode) is not ExecutionMode:
             _bad_execute(kernel, count, bindings, mode)
+        if count.binding is not None and channel.guard is not None:
+            channel.guard("execute with a dynamic CubeCount")  # its count is read back first
         channel.send(self._execute, StreamId.current(), kernel, count, bindings, mode)
 
     def _execute(
@@ -351,6 +361,7 @@ class ClientCore:
             self._channel.hold(stream, exc)
             if then == self._channel.fire:  # ==: each access makes a new bound method
                 return  # fire-and-forget: skip the command; the error is held
+        self._channel.activate()  # another client's commands may have run meanwhile
         then(*args)
 
     def flush(self) -> None:

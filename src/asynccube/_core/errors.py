@@ -20,6 +20,8 @@ __all__ = [
     "DLPackError",
     "DeviceError",
     "ExecutionError",
+    "GraphCaptureError",
+    "GraphUpdateError",
     "InvalidArgument",
     "InvalidHandle",
     "IoError",
@@ -119,6 +121,18 @@ class DeviceError(AsyncCubeError):
 class ExecutionError(AsyncCubeError):
     """A kernel failed while it ran (fire-and-forget work); ``__cause__`` is the original
     exception. Raised at the next awaited call on the stream that ran the kernel."""
+
+
+class GraphCaptureError(AsyncCubeError):
+    """An operation cannot be recorded into a graph (a read, a sync, an allocation that
+    needs a new page, a dynamic cube count...), or a capture was used from another task
+    or after its client closed. The message names the operation; the capture has ended
+    and nothing of it was kept."""
+
+
+class GraphUpdateError(InvalidArgument):
+    """A graph replay's update does not fit the captured launch (another signature, a
+    buffer of a different size, an unknown launch index)."""
 
 
 class CudaDriverError(DeviceError):

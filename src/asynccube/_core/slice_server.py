@@ -11,7 +11,7 @@ from .memory.table import SliceTable
 from .server import BytesLike
 from .stream.multi import MultiStream
 from .stream_id import StreamId
-from .types import Allocation, AllocationDescriptor, CopyDescriptor, Handle
+from .types import Allocation, AllocationDescriptor, Binding, CopyDescriptor, Handle
 
 __all__ = ["SliceServer"]
 
@@ -39,6 +39,22 @@ class SliceServer(Generic[M]):
     def new_handle(self, size: int, stream: StreamId) -> Handle:
         """Mint a handle; memory is bound by ``create``."""
         return self._table.new_handle(size, stream)
+
+    def stream_slot(self, stream: StreamId) -> int:
+        """The slot of the stream pool that ``stream`` runs on."""
+        return self._streams.stream_index(stream)
+
+    def owns(self, binding: Binding | Handle) -> bool:
+        """True if ``binding`` was minted by this server (any thread)."""
+        return binding.memory.queue is self._table.queue
+
+    def check_binding(self, binding: Binding) -> None:
+        """Raise InvalidHandle unless ``binding`` has memory on this server."""
+        self._table.get(binding)
+
+    def fail_handle(self, handle: Handle, error: BaseException) -> None:
+        """Make ``handle`` invalid: its uses raise InvalidHandle naming ``error``."""
+        self._table.fail(handle.memory.id, error)
 
     def create(self, handles: Sequence[Handle], stream: StreamId) -> None:
         """Reserve memory for each minted handle (a failure leaves it invalid, naming

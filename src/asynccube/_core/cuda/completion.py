@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, TypeVar
 
-from .driver import check, cu, error_from
+from .driver import check, cu, error_from, set_current
 from .hotpath import hot
 
 __all__ = ["CudaCompletion", "EventPool", "HostFuncNotifier"]
@@ -229,7 +229,7 @@ class CudaCompletion(Generic[T]):
         if self.done():
             return True
         if self._context is not None:
-            cu().cuCtxSetCurrent(self._context)
+            set_current(self._context)
         if timeout is None and self._fd < 0:
             return self._sync_all()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -265,6 +265,8 @@ class CudaCompletion(Generic[T]):
         if self._fd < 0 and not self._ready:
             if self._notifier is None or not self._events:
                 return -1
+            if self._context is not None:  # the notify stream belongs to our context
+                set_current(self._context)
             self._fd = self._notifier.arm(self._events, self._stream)
         return self._fd
 

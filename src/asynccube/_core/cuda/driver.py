@@ -27,6 +27,7 @@ __all__ = [
     "driver_available",
     "error_from",
     "list_devices",
+    "set_current",
 ]
 
 ALIGNMENT: Final = 512
@@ -56,6 +57,8 @@ STICKY_ERRORS: Final = frozenset(
 
 _module: Any = None
 _init_lock = threading.Lock()
+_tls = threading.local()
+"""``context``: the context this module last made current on the thread."""
 _available: tuple[bool, str] | None = None
 
 
@@ -143,6 +146,15 @@ def _probe() -> tuple[bool, str]:
     if count < 1:
         return False, "the CUDA driver sees no GPU"
     return True, ""
+
+
+def set_current(context: Any) -> None:
+    """Make ``context`` current on the calling thread, unless this module already did
+    (a thread-local comparison: free when one device is used, one driver call when
+    several clients on one loop take turns)."""
+    if getattr(_tls, "context", None) is not context:
+        check(cu().cuCtxSetCurrent(context), "cuCtxSetCurrent")
+        _tls.context = context
 
 
 def list_devices() -> list[str]:
@@ -244,6 +256,7 @@ class DeviceContext:
     def make_current(self) -> None:
         """Bind the context to the calling thread."""
         check(cu().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        _tls.context = self.context
 
     def close(self) -> None:
         """Release the primary context (once); the driver frees it with its last user."""

@@ -50,7 +50,7 @@ from ..types import MemoryAllocationMode, MemoryUsage
 from .abi import ArgPacker
 from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier
-from .driver import DeviceContext, check, cu, device_properties
+from .driver import DeviceContext, check, cu, device_properties, set_current
 from .hotpath import hot
 from .interop import InteropOps
 from .launch import WARM_KERNEL, LaunchOps
@@ -141,6 +141,11 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps):
         self._timed: deque[TimedOp] = deque()
         self._epoch_event, self._epoch_ns = self._epoch()
 
+    def activate(self) -> None:
+        """Make the device's context current on the calling thread if another one is
+        (the channel calls it before each command: several clients share one loop)."""
+        set_current(self._ctx.context)
+
     def warm(self) -> None:
         """Pay one-off costs now, off the loop: the device pool's first page, pinned
         buffers of the small size classes, the completion notifier, and NVRTC and the
@@ -158,6 +163,8 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps):
     def end_batch(self) -> None:
         """Record the events that release what this batch dropped; release what the
         device has passed."""
+        if self.closed:  # the close thread owns the retirer now
+            return
         self._collect()
 
     def sync(self, stream: StreamId) -> CudaCompletion[None]:

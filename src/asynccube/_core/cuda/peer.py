@@ -1,0 +1,168 @@
+"""Device-to-device copies between two CUDA servers (``to_client``'s P2P path).
+
+The copy runs on the destination's stream after an event from the source's stream
+(``cuMemcpyPeerAsync``, direct over NVLink/PCIe once peer access is enabled, which is
+done once per pair of devices); then the source's stream waits for an event after the
+copy, and the source binding is held until the source stream passes it. So both sides
+are ordered and the source memory stays alive until the copy ran. Devices that cannot
+reach each other take the staged path of :mod:`..transfer` instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Final
+
+from ..stream_id import StreamId
+from ..types import Binding, Handle
+from .driver import check, cu, set_current
+
+if TYPE_CHECKING:
+    from .server import CudaServer
+
+__all__ = [
+    "Export",
+    "abandon",
+    "can_copy",
+    "describe_links",
+    "enable_peer_job",
+    "export",
+    "finish",
+    "import_copy",
+    "peer_links",
+]
+
+_ALREADY_ENABLED: Final = 704  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+_enabled: set[tuple[int, int]] = set()
+_lock = threading.Lock()
+_reach: dict[tuple[int, int], bool] = {}
+
+Export = tuple[int, Any, Any, Any]
+"""(source pointer, source context, event after the source's work, source CUDA stream)."""
+
+
+def _ordinal(server: CudaServer) -> int:
+    return server.context.ordinal
+
+
+def can_copy(src: Any, dst: Any) -> bool:
+    """True if both are CUDA servers and the destination can read the source's memory
+    directly (the same device, or peer access possible)."""
+    if getattr(src, "properties", None) is None or src.properties.kind != "cuda":
+        return False
+    if dst.properties.kind != "cuda":
+        return False
+    a, b = _ordinal(src), _ordinal(dst)
+    if a == b:
+        return True
+    key = (b, a)
+    if key not in _reach:
+        d = cu()
+        dev_a, dev_b = check(d.cuDeviceGet(a)), check(d.cuDeviceGet(b))
+        _reach[key] = bool(check(d.cuDeviceCanAccessPeer(dev_b, dev_a), "cuDeviceCanAccessPeer"))
+    return _reach[key]
+
+
+def peer_links(count: int) -> list[tuple[int, int, bool]]:
+    """``(a, b, can access)`` for each ordered pair of the first ``count`` devices."""
+    d = cu()
+    devs = [check(d.cuDeviceGet(i), "cuDeviceGet") for i in range(count)]
+    out = []
+    for a in range(count):
+        for b in range(count):
+            if a != b:
+                res = d.cuDeviceCanAccessPeer(devs[a], devs[b])
+                out.append((a, b, bool(not res[0] and res[1])))
+    return out
+
+
+def describe_links(count: int) -> list[str]:
+    """One line per pair of the first ``count`` GPUs: peer copy or staged (blocking)."""
+    by_pair = {(a, b): ok for a, b, ok in peer_links(count)}
+    out = []
+    for a in range(count):
+        for b in range(a + 1, count):
+            both = by_pair[(a, b)] and by_pair[(b, a)]
+            how = "peer-to-peer (cuMemcpyPeerAsync)" if both else "staged through pinned memory"
+            out.append(f"cuda:{a} <-> cuda:{b}  {how}")
+    return out
+
+
+def enable_peer_job(src: CudaServer, dst: CudaServer) -> Any:
+    """A job (for a worker thread) enabling peer access both ways, or None if done."""
+    a, b = _ordinal(src), _ordinal(dst)
+    if a == b or (a, b) in _enabled:
+        return None
+
+    def job() -> None:
+        with _lock:
+            if (a, b) in _enabled:
+                return
+            _enable(dst.context.context, src.context.context)
+            _enable(src.context.context, dst.context.context)
+            _grant(src, b)  # pool memory ignores context peer access: its pool must
+            _grant(dst, a)  # let the other device in
+            _enabled.update({(a, b), (b, a)})
+
+    return job
+
+
+def _enable(accessor: Any, peer: Any) -> None:
+    d = cu()
+    set_current(accessor)
+    (err,) = d.cuCtxEnablePeerAccess(peer, 0)
+    if err and int(err) != _ALREADY_ENABLED:
+        check((err,), "cuCtxEnablePeerAccess")
+
+
+def _grant(server: CudaServer, peer: int) -> None:
+    """Let device ``peer`` read and write the memory of ``server``'s stream-ordered pool
+    (``cuMemPoolSetAccess``; its pages come from there)."""
+    pool = getattr(server._storage, "_pool", None)
+    if pool is None:  # cuMemAlloc pages follow the contexts' peer access
+        return
+    d = cu()
+    desc = d.CUmemAccessDesc()
+    desc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = peer
+    desc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    check(d.cuMemPoolSetAccess(pool, [desc], 1), "cuMemPoolSetAccess")
+
+
+def export(server: CudaServer, binding: Binding, stream: StreamId) -> Export:
+    """The source side: the binding's address and an event after the work queued on
+    ``stream`` that touches it (actor, source context current)."""
+    ptr = server._ptr(binding)
+    resolved = server._streams.resolve(stream, [binding])
+    event = server._events.record(resolved.stream)
+    return ptr, server.context.context, event, resolved.stream
+
+
+def import_copy(server: CudaServer, handle: Handle, source: Export, stream: StreamId) -> Any:
+    """The destination side: reserve ``handle``, wait for the source's event, copy;
+    return an event after the copy (actor, destination context current)."""
+    ptr, ctx, event, _ = source
+    server.create([handle], stream)
+    binding = handle.binding()
+    resolved = server._streams.resolve(stream, [binding])
+    d = cu()
+    check(d.cuStreamWaitEvent(resolved.stream, event, 0), "cuStreamWaitEvent(peer)")
+    dst = server._ptr(binding)
+    res = d.cuMemcpyPeerAsync(dst, server.context.context, ptr, ctx, binding.size, resolved.stream)
+    check(res, "cuMemcpyPeerAsync")
+    return server._events.record(resolved.stream)
+
+
+def abandon(src: CudaServer, source: Export) -> None:
+    """The source side when the destination failed before copying: the event goes back."""
+    src._events.give(source[2])
+
+
+def finish(src: CudaServer, dst: CudaServer, source: Export, copied: Any, binding: Binding) -> None:
+    """The source side again: its stream waits for the copy; the binding is held until
+    the source stream passes that point; the events go back to their pools."""
+    _, _, event, stream = source
+    src._events.give(event)
+    check(cu().cuStreamWaitEvent(stream, copied, 0), "cuStreamWaitEvent(peer done)")
+    dst._events.give(copied)
+    src._retirer.hold(stream, binding)

@@ -1,0 +1,166 @@
+"""``to_client`` between clients, and several clients on one loop."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import numpy as np
+import pytest
+
+import asynccube as ac
+from asynccube._core.devices import probe_gpus
+
+from .kernels import SCALE, SLOW_FILL, blocks
+
+pytestmark = pytest.mark.asyncio
+
+_GPUS = len(probe_gpus().devices)
+two_gpus = pytest.mark.skipif(_GPUS < 2, reason=f"needs two CUDA GPUs ({_GPUS} found)")
+
+PAIRS = [
+    ("host", "host"),
+    pytest.param("host", "cuda:0", marks=pytest.mark.cuda),
+    pytest.param("cuda:0", "host", marks=pytest.mark.cuda),
+    pytest.param("cuda:0", "cuda:0", marks=pytest.mark.cuda),
+    pytest.param("cuda:0", "cuda:1", marks=[pytest.mark.cuda, two_gpus]),
+    pytest.param("cuda:1", "cuda:0", marks=[pytest.mark.cuda, two_gpus]),
+]
+
+
+def scale(h: ac.Handle, factor: float, n: int) -> ac.Bindings:
+    """Bindings for SCALE over n float32."""
+    b = ac.Bindings().with_buffer(h.binding()).with_scalar(np.float32, [factor])
+    return b.with_scalar(np.uint32, [n])
+
+
+@pytest.mark.parametrize(("a", "b"), PAIRS)
+async def test_to_client_copies_and_orders_both_sides(a: str, b: str) -> None:
+    n = 1 << 16
+    x = np.arange(n, dtype=np.float32)
+    async with ac.open_client(a) as src, ac.open_client(b) as dst:
+        h = src.create(x)
+        src.execute(SCALE, blocks(n), scale(h, 2.0, n))  # queued before: the copy sees it
+        copy = src.to_client(h, dst)
+        src.execute(SCALE, blocks(n), scale(h, 0.0, n))  # queued after: the copy is not hit
+        dst.execute(SCALE, blocks(n), scale(copy, 3.0, n))  # ordered after the copy
+        np.testing.assert_array_equal(await dst.read_array(copy, np.float32), x * 6)
+        np.testing.assert_array_equal(await src.read_array(h, np.float32), np.zeros(n))
+        back = dst.to_client(copy, src)
+        np.testing.assert_array_equal(await src.read_array(back, np.float32), x * 6)
+
+
+@pytest.mark.parametrize(("a", "b"), PAIRS)
+async def test_source_buffer_lives_until_the_copy_ran(a: str, b: str) -> None:
+    async with ac.open_client(a) as src, ac.open_client(b) as dst:
+        n = 1 << 15
+        h = src.create(np.full(n, 7, np.float32))
+        copy = src.to_client(h, dst)
+        del h
+        gc.collect()
+        for _ in range(4):  # reuse of the dropped slice must not clobber the copy
+            src.create(np.zeros(n, np.float32))
+        np.testing.assert_array_equal(await dst.read_array(copy, np.float32), np.full(n, 7))
+
+
+async def test_to_client_waits_for_slow_host_work() -> None:
+    async with ac.open_client("host") as src, ac.open_client("host") as dst:
+        h = src.empty(64)
+        fill = ac.Bindings().with_buffer(h.binding()).with_scalar(np.float32, [0.05])
+        src.execute(SLOW_FILL, ac.CubeCount(1), fill.with_scalar(np.uint8, [9]))
+        copy = src.to_client(h, dst)
+        assert await dst.read([copy]) == [bytes([9]) * 64]
+
+
+async def test_bad_to_client_calls_raise_and_clients_keep_serving() -> None:
+    async with (
+        ac.open_client("host") as a,
+        ac.open_client("host") as b,
+        ac.open_client("host") as third,
+    ):
+        foreign = third.create(b"third")
+        with pytest.raises(ac.InvalidHandle, match="does not belong to this host client"):
+            a.to_client(foreign, b)
+        with pytest.raises(ac.InvalidArgument, match="needs another client"):
+            a.to_client(a.create(b"x"), a)
+        with pytest.raises(ac.InvalidArgument, match="Handle or Binding"):
+            a.to_client(b"raw", b)  # type: ignore[arg-type]
+        closed = await ac.connect("host")
+        await closed.close()
+        with pytest.raises(ac.ClientClosedError):
+            a.to_client(a.create(b"y"), closed)
+        h = a.create(b"still fine")
+        assert await b.read([a.to_client(h, b)]) == [b"still fine"]
+        assert await third.read([foreign]) == [b"third"]
+
+
+async def test_copy_to_a_client_that_dies_fails_without_hanging() -> None:
+    async with ac.open_client("host") as a:
+        b = await ac.connect("host")
+        h = a.create(b"abc")
+        copy = a.to_client(h, b)
+        b._channel.kill_for_test(RuntimeError("boom"))
+        with pytest.raises(ac.ClientDeadError):
+            await b.read([copy])
+        assert await a.read([h]) == [b"abc"]
+        await b.close()  # a dead client closes quietly
+
+
+async def test_many_clients_on_one_loop() -> None:
+    clients = [await ac.connect("host") for _ in range(4)]
+    try:
+        hs = [c.create(np.full(8, i, np.float32)) for i, c in enumerate(clients)]
+        ring = [clients[i].to_client(hs[i], clients[(i + 1) % 4]) for i in range(4)]
+        got = await asyncio.gather(
+            *(clients[(i + 1) % 4].read_array(ring[i], np.float32) for i in range(4))
+        )
+        for i, arr in enumerate(got):
+            np.testing.assert_array_equal(arr, np.full(8, i))
+    finally:
+        for c in clients:
+            await c.close()
+
+
+@pytest.mark.cuda
+async def test_a_device_that_does_not_exist_raises() -> None:
+    with pytest.raises(ac.DeviceError, match=r"there is no GPU cuda:99"):
+        await ac.connect("cuda:99")
+    async with ac.open_client("cuda:0") as client:
+        assert await client.read([client.create(b"ok")]) == [b"ok"]
+
+
+@pytest.mark.cuda
+@two_gpus
+async def test_each_client_runs_on_its_own_device() -> None:
+    n = 1 << 16
+    async with ac.open_client("cuda:0") as c0, ac.open_client("cuda:1") as c1:
+        h0, h1 = c0.create(np.ones(n, np.float32)), c1.create(np.ones(n, np.float32))
+        for _ in range(20):  # interleaved: each command must run in its own context
+            c0.execute(SCALE, blocks(n), scale(h0, 2.0, n))
+            c1.execute(SCALE, blocks(n), scale(h1, 3.0, n))
+        r0, r1 = await asyncio.gather(c0.read_array(h0, np.float32), c1.read_array(h1, np.float32))
+        np.testing.assert_array_equal(r0, np.full(n, 2.0**20))
+        np.testing.assert_array_equal(r1, np.full(n, 3.0**20))
+        res0 = await c0.get_resource(h0)
+        res1 = await c1.get_resource(h1)
+        assert c0.properties.extra["ordinal"] == 0
+        assert c1.properties.extra["ordinal"] == 1
+        assert res0.size == res1.size == 4 * n
+
+
+@pytest.mark.cuda
+@two_gpus
+def test_info_shows_peer_links() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-m", "asynccube", "info"], capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert "peer links:" in out.stdout
+    assert "cuda:0 <-> cuda:1" in out.stdout
