@@ -165,7 +165,10 @@ async def test_torch_round_trip_without_copies() -> None:
         t = client.from_dlpack(x)
         assert (t.shape, t.dtype) == ((n,), np.float32)
         client.execute(SCALE, blocks(n), _scale(t, 2.0, n))
-        back = torch.from_dlpack(t)
+        # A first launch may still wait on its compile (a queued command cannot be ordered
+        # before a consumer, so export would refuse): any awaited call submits it.
+        await client.memory_usage()
+        back = torch.from_dlpack(t)  # ordered after the launch by an event, not a sync
         assert back.data_ptr() == x.data_ptr()  # torch -> asynccube -> torch: one buffer
         expected = np.arange(n, dtype=np.float32) * 6.0
         np.testing.assert_array_equal(back.cpu().numpy(), expected)

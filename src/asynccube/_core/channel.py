@@ -94,8 +94,9 @@ class Channel:
         return self._unusable()
 
     def idle(self) -> bool:
-        """True when no command is queued for the actor (every sent command has run)."""
-        return not self._queue
+        """True when every sent command has run: the actor sleeps and nothing is queued
+        (a command waiting on a worker-thread job, a compile say, keeps it busy)."""
+        return self._wakeup is not None and not self._queue
 
     def _unusable(self) -> AsyncCubeError:
         if self.state is State.DEAD:

@@ -92,6 +92,7 @@ class ClientCore:
         self._server_snapshot: Callable[[Any], Any] | None = getattr(server, "snapshot", None)
         self._staging: dict[int, weakref.ref[npt.NDArray[np.uint8]]] = {}
         self._jobs = JobThread(loop)
+        self._graph_registry: Any = None  # graph.py's registry, once a capture ran
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device!r}, state={self._channel.state.value})"
@@ -292,9 +293,12 @@ class ClientCore:
     def sync(self) -> asyncio.Future[None]:
         """Completes once all work queued so far, on every stream, is done (awaitable).
 
-        Raises the first error held for the calling task's stream.
+        Raises the first error held for the calling task's stream. Graphs whose
+        ``Graph`` object is gone are released first, so their buffers count as free.
         """
         self._channel.check()
+        if self._graph_registry is not None:
+            self._graph_registry.drain()
         return self._request(self._server.sync)
 
     def get_resource(self, binding: Binding | Handle) -> asyncio.Future[BindingResource[Any]]:

@@ -125,10 +125,9 @@ def _releaser(graph: CapturedGraph) -> Any:
 
 
 def _registry(client: ClientCore) -> _Registry:
-    reg: _Registry | None = getattr(client, "_graph_registry", None)
+    reg: _Registry | None = client._graph_registry
     if reg is None:
-        reg = _Registry(client)
-        client._graph_registry = reg  # type: ignore[attr-defined]
+        reg = client._graph_registry = _Registry(client)
     return reg
 
 
