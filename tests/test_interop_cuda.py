@@ -31,8 +31,8 @@ def _consumers() -> list[Any]:
 
         out.append(
             (
-                "torch",
-                lambda t: torch.as_tensor(t, device="cuda"),
+                "torch",  # torch.as_tensor ignores the CAI stream: DLPack orders it
+                lambda t: torch.from_dlpack(t),
                 lambda a: a.data_ptr(),
                 lambda a: a.cpu().numpy(),
             )
@@ -166,8 +166,9 @@ async def test_torch_round_trip_without_copies() -> None:
         assert (t.shape, t.dtype) == ((n,), np.float32)
         client.execute(SCALE, blocks(n), _scale(t, 2.0, n))
         # A first launch may still wait on its compile (a queued command cannot be ordered
-        # before a consumer, so export would refuse): any awaited call submits it.
-        await client.memory_usage()
+        # before a consumer, so export would refuse): let the actor submit it.
+        while not client._channel.idle():  # noqa: ASYNC110 - the actor drains its queue
+            await asyncio.sleep(0)
         back = torch.from_dlpack(t)  # ordered after the launch by an event, not a sync
         assert back.data_ptr() == x.data_ptr()  # torch -> asynccube -> torch: one buffer
         expected = np.arange(n, dtype=np.float32) * 6.0

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ..errors import CudaDriverError
+from ..errors import CudaDriverError, DeviceError
 from ..server import DeviceProperties
 from .arch import arch_for
 
@@ -202,6 +202,19 @@ _INT_ATTRS: Final = {
 }
 
 
+def device_handle(ordinal: int) -> Any:
+    """The driver's handle of GPU ``ordinal``; an index the driver does not have raises
+    DeviceError before any failing driver call (a sanitizer run shows only real errors)."""
+    d = cu()
+    count = int(check(d.cuDeviceGetCount(), "cuDeviceGetCount"))
+    if not 0 <= ordinal < count:
+        raise DeviceError(
+            f"there is no GPU cuda:{ordinal}: the driver sees {count} "
+            f"(cuda:0 to cuda:{count - 1}); `python -m asynccube info` lists them"
+        )
+    return check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+
+
 def device_properties(ordinal: int = 0) -> DeviceProperties:
     """Name, compute capability, SM count, memory and launch limits of GPU ``ordinal``.
 
@@ -211,7 +224,7 @@ def device_properties(ordinal: int = 0) -> DeviceProperties:
     """
     d = cu()
     check(d.cuInit(0), "cuInit")
-    dev = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+    dev = device_handle(ordinal)
     name = _device_name(dev)
     total = int(check(d.cuDeviceTotalMem(dev), "cuDeviceTotalMem"))
     cc = (_attr(dev, "COMPUTE_CAPABILITY_MAJOR"), _attr(dev, "COMPUTE_CAPABILITY_MINOR"))
@@ -247,7 +260,7 @@ class DeviceContext:
         """Initialize the driver, retain the primary context and make it current."""
         d = cu()
         check(d.cuInit(0), "cuInit")
-        dev = check(d.cuDeviceGet(ordinal), "cuDeviceGet")
+        dev = device_handle(ordinal)
         ctx = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
         out = cls(ordinal, dev, ctx)
         out.make_current()
