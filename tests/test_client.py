@@ -167,7 +167,7 @@ async def test_handle_cursor_is_stamped(client: ac.ComputeClient) -> None:
 
 
 async def test_device_and_properties(client: ac.ComputeClient) -> None:
-    assert client.device in ("host", "cuda:0")
+    assert client.device == "host" or client.device.startswith("cuda:")
     props = client.properties
     assert props.max_allocation > 0 and props.alignment > 0
     assert client.device in repr(client)

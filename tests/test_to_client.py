@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,6 +130,17 @@ async def test_a_device_that_does_not_exist_raises() -> None:
         assert await client.read([client.create(b"ok")]) == [b"ok"]
 
 
+_SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+
+def _powf32(base: float, times: int) -> np.float32:
+    """``base ** times`` as float32 multiplications give it (3**20 is not a float32)."""
+    out = np.float32(1.0)
+    for _ in range(times):
+        out = np.float32(out * np.float32(base))
+    return out
+
+
 @pytest.mark.cuda
 @two_gpus
 async def test_each_client_runs_on_its_own_device() -> None:
@@ -139,8 +151,8 @@ async def test_each_client_runs_on_its_own_device() -> None:
             c0.execute(SCALE, blocks(n), scale(h0, 2.0, n))
             c1.execute(SCALE, blocks(n), scale(h1, 3.0, n))
         r0, r1 = await asyncio.gather(c0.read_array(h0, np.float32), c1.read_array(h1, np.float32))
-        np.testing.assert_array_equal(r0, np.full(n, 2.0**20))
-        np.testing.assert_array_equal(r1, np.full(n, 3.0**20))
+        np.testing.assert_array_equal(r0, np.full(n, _powf32(2.0, 20)))
+        np.testing.assert_array_equal(r1, np.full(n, _powf32(3.0, 20)))
         res0 = await c0.get_resource(h0)
         res1 = await c1.get_resource(h1)
         assert c0.properties.extra["ordinal"] == 0
@@ -150,17 +162,15 @@ async def test_each_client_runs_on_its_own_device() -> None:
 
 @pytest.mark.cuda
 @two_gpus
-def test_info_shows_peer_links() -> None:
+async def test_info_shows_peer_links() -> None:
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
-    src = str(Path(__file__).resolve().parent.parent / "src")
+    src = _SRC
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run(
-        [sys.executable, "-m", "asynccube", "info"], capture_output=True, text=True, env=env
-    )
+    cmd = [sys.executable, "-m", "asynccube", "info"]
+    out = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert "peer links:" in out.stdout
     assert "cuda:0 <-> cuda:1" in out.stdout
