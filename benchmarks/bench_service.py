@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import subprocess
 import sys
 import time
@@ -54,14 +55,25 @@ def _spawn(args: list[str]) -> subprocess.Popen[str]:
 def _first_line(proc: subprocess.Popen[str], timeout: float) -> str:
     """The server's first line of output (its port, or why it cannot serve)."""
     assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line:
-            return line.strip()
-        if proc.poll() is not None:
-            return f"SKIP server exited with {proc.returncode}"
-    return "SKIP server did not start in time"
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline().strip() if ready else ""
+    if line:
+        return line
+    if proc.poll() is not None:
+        return f"SKIP server exited with {proc.returncode}"
+    return f"SKIP server did not start in {timeout:g} s"
+
+
+def _load_result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    try:
+        text = proc.communicate(timeout=timeout)[0]
+        result: dict[str, Any] = json.loads(text)
+    except (subprocess.TimeoutExpired, ValueError) as exc:
+        proc.kill()
+        proc.wait()
+        return {"latencies_us": [], "checked": 0, "mismatches": 0, "errors": 1,
+                "first_error": f"load process failed: {exc!r}"[:200]}  # fmt: skip
+    return result
 
 
 def run_one(peer: str, loop: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -182,7 +194,7 @@ def main() -> int:
     p.add_argument("--procs", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 4)))
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--name", default="service")
+    p.add_argument("--name", default="", help="results name (default: service, service_host)")
     args = p.parse_args()
     by_loop: dict[str, dict[str, Any]] = {}
     for loop in args.loops.split(","):
@@ -195,8 +207,9 @@ def main() -> int:
             by_loop[loop][peer] = r
             print(f"{loop:8} {peer:14} {json.dumps(r)}", flush=True)
     device = args.device if args.device != "host" else ""
+    name = args.name or ("service" if device else "service_host")
     env = environment(device)
-    write(args.name, f"GPU service under load (issue 11), device {args.device}", env,
+    write(name, f"GPU service under load (issue 11), device {args.device}", env,
           render(by_loop, args), {"results": by_loop, "args": vars(args)})  # fmt: skip
     wrong = sum(r.get("mismatches", 0) + r.get("errors", 0) for v in by_loop.values()
                 for r in v.values())  # fmt: skip

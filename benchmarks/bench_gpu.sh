@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Every GPU figure of issue 11 in one call on the GPU machine:
+#     scripts/gpu-check benchmarks/bench_gpu.sh      (tool `run`, carry .whl)
+# 1. the code before issue 11 (its src/ copied to baseline/src, when present) and
+# 2. the pure-Python fallback (ASYNCCUBE_NO_EXTENSIONS=1): bench_cuda's client section;
+# 3. bench_cuda.py, all figures beside their floors and peers (compiled hot path);
+# 4. bench_service.py on the GPU, asyncio and uvloop.
+# Leaves $OUT/results.tgz (benchmarks/results/ and the logs); then, here:
+#     tar xzf results.tgz -C benchmarks && python benchmarks/report.py
+cd "$(dirname "$0")/.." || exit 2
+OUT="${OUT:-/tmp/asynccube-out}"
+L="$OUT/logs"
+mkdir -p "$L"
+B=benchmarks/bench_cuda.py
+SECTIONS=${SECTIONS:-"abi floor launch completion storage client"}
+if [ -d baseline/src ]; then
+    ASYNCCUBE_BENCH_SRC="$PWD/baseline/src" timeout 120 python3 $B client \
+        --results cuda_baseline >"$L/baseline.log" 2>&1
+    echo "baseline rc=$?"; grep -E "client \(asyncio\): (execute|read_1KiB|sync|alloc)" "$L/baseline.log"
+fi
+ASYNCCUBE_NO_EXTENSIONS=1 timeout 120 python3 $B client --results cuda_fallback >"$L/fallback.log" 2>&1
+echo "fallback rc=$?"; grep -E "hot_path|client \(asyncio\): (execute|read_1KiB|sync|alloc)" "$L/fallback.log" | cut -c1-160
+# shellcheck disable=SC2086
+timeout 240 python3 $B $SECTIONS >"$L/cuda.log" 2>&1
+echo "bench_cuda rc=$?"
+timeout 200 python3 benchmarks/bench_service.py --device cuda:0 --procs 4 \
+    --seconds "${SERVICE_SECONDS:-3}" --warmup 1.5 >"$L/service.log" 2>&1
+echo "bench_service rc=$?"
+tar czf "$OUT/results.tgz" -C benchmarks results -C "$OUT" logs
+sed -n '/^## CUDA hot path/,$p' "$L/cuda.log"
+grep -E "^(asyncio|uvloop) " "$L/service.log" | cut -c1-200
+sed -n '/^| server loop/,/^$/p' "$L/service.log"
