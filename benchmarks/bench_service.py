@@ -195,6 +195,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--name", default="", help="results name (default: service, service_host)")
+    p.add_argument("--json-only", action="store_true", help="print the figures, write nothing")
     args = p.parse_args()
     by_loop: dict[str, dict[str, Any]] = {}
     for loop in args.loops.split(","):
@@ -206,6 +207,9 @@ def main() -> int:
             r = run_one(peer, loop, args)
             by_loop[loop][peer] = r
             print(f"{loop:8} {peer:14} {json.dumps(r)}", flush=True)
+    if args.json_only:
+        print(json.dumps(by_loop))
+        return 0
     device = args.device if args.device != "host" else ""
     name = args.name or ("service" if device else "service_host")
     env = environment(device)
