@@ -6,7 +6,7 @@ on the device, then remembers the fastest on disk. Every kernel also has a numpy
 so the same program runs on the host server where no GPU is present.
 
     python examples/tuned_reduction.py                 # cuda:0 if usable, else host
-    python examples/tuned_reduction.py --device host --n 1000000 --background
+    python examples/tuned_reduction.py --device host --n 1000000 --mode background
 
 Kernel ABI (see the README): buffer pointers in order (``x``, ``out``), then scalars
 grouped by dtype (here a single ``uint32`` ``n``), then metadata (none here).

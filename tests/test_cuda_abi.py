@@ -125,3 +125,9 @@ def test_tensor_map_count_must_match() -> None:
     b, _ = full_bindings()
     with pytest.raises(InvalidArgument, match="tensor map"):
         ArgPacker().pack(b, [1, 2], [bytes(128)])
+
+
+def test_metadata_alone_is_written_where_its_parameter_points() -> None:
+    pack = ArgPack(Signature(0, 0, [], 1))
+    pack.pack([], [], np.array([0xDEADBEEF], np.uint32))
+    assert pack.param_bytes(0, 4) == (0xDEADBEEF).to_bytes(4, "little")

@@ -267,3 +267,22 @@ async def test_concurrent_tasks_get_their_own_streams(gpu: ac.ComputeClient) -> 
     t0 = time.perf_counter()
     await asyncio.gather(*(task() for _ in range(4)))
     assert time.perf_counter() - t0 < 0.3  # 4 x 0.1 s kernels overlapped
+
+
+@pytest.mark.allow_loop_lag  # pinning 8 MiB the first time takes milliseconds
+async def test_large_writes_are_snapshotted_into_pinned_memory(gpu: ac.ComputeClient) -> None:
+    size = 8 << 20
+    data = np.arange(size, dtype=np.uint8)
+    h = gpu.empty(size)
+    gpu.write([(h.copy_descriptor((size,), (1,), 1), data)])
+    await gpu.sync()  # its pinned staging buffer goes back to the pool
+    gpu.server.end_batch()
+    snap = gpu.server.snapshot(np.zeros(size, np.uint8))  # type: ignore[attr-defined]
+    assert snap is not None and len(snap) == size and not any(snap[:16])
+    del snap
+    expected = data.copy()
+    gpu.write([(h.copy_descriptor((size,), (1,), 1), data)])
+    data[:] = 1  # later changes do not leak in
+    (out,) = await gpu.read([h])
+    assert np.array_equal(np.frombuffer(out, np.uint8), expected)
+    assert gpu.server.snapshot(b"x" * size) is None  # type: ignore[attr-defined]

@@ -55,10 +55,13 @@ from ._core.errors import (
 )
 from ._core.host.server import HostServer
 from ._core.kernel import CudaSource, HostLaunch, Kernel
+from ._core.memory import MemoryReport, PoolReport
 from ._core.open import connect, open_client
+from ._core.profiling import KernelRecord, ProfileStats, ProfileSummary
 from ._core.server import BindingResource, Completion, ComputeServer, DeviceProperties
 from ._core.stream_id import StreamId
 from ._core.tensor import Tensor
+from ._core.timeline import Timeline
 from ._core.tune import (
     AutotuneKey,
     AutotuneOutcome,
@@ -129,14 +132,19 @@ __all__ = [
     "IoError",
     "Kernel",
     "KernelNotSupported",
+    "KernelRecord",
     "LoopMismatchError",
     "MemoryAllocationMode",
+    "MemoryReport",
     "MemoryUsage",
     "MetadataBinding",
     "OobFill",
     "OutOfMemory",
+    "PoolReport",
     "ProfileDuration",
     "ProfileError",
+    "ProfileStats",
+    "ProfileSummary",
     "ProfilingToken",
     "ScalarBinding",
     "ScalarTypeError",
@@ -148,6 +156,7 @@ __all__ = [
     "TensorMapPrefetch",
     "TensorMapSwizzle",
     "TiledFormat",
+    "Timeline",
     "TimingMethod",
     "Tunable",
     "TunableSet",

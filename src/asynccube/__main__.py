@@ -1,13 +1,55 @@
-"""Command line: ``python -m asynccube demo | info | config``."""
+"""Command line: python -m asynccube demo | info | config."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
+from typing import Any, NoReturn
+
+from . import __version__
+
+_DESCRIPTION = """\
+asynccube: an async GPU compute runtime for Python.
+
+commands:
+  demo     run concurrent tasks of chained SAXPYs and check every result against numpy
+  info     the versions and devices found, and why a GPU is not used
+  config   the effective configuration and where each value came from
+"""
+_PACKAGES = ("cuda-bindings", "cuda-core", "nvidia-cuda-nvrtc", "numpy", "anyio")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _device(text: str) -> str:
+    from ._core.devices import parse_device
+    from ._core.errors import InvalidArgument
+
+    try:
+        parse_device(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -15,17 +57,21 @@ def _demo(args: argparse.Namespace) -> int:
 
     report = asyncio.run(run_demo(args.device, args.tasks, args.elements, args.rounds))
     print(format_report(report))
-    return 0
+    return 0 if report.ok else 1
 
 
 def _info(args: argparse.Namespace) -> int:
     from ._core.devices import probe_gpus
 
-    print(f"asynccube {_version('asynccube')} on Python {platform.python_version()}")
-    for pkg in ("cuda-bindings", "cuda-core", "nvidia-cuda-nvrtc", "numpy", "anyio"):
+    probe = probe_gpus()
+    if args.json:
+        print(json.dumps(_info_dict(probe), indent=2))
+        return 0
+    print(f"asynccube {__version__} on Python {platform.python_version()}")
+    for pkg in _PACKAGES:
         print(f"  {pkg:<18} {_version(pkg)}")
     print(f"  {'nvrtc':<18} {_nvrtc_version()}")
-    probe = probe_gpus()
+    print(f"hot path: {_hot_path()}")
     print("devices:")
     print("  host               numpy host server (always available)")
     for dev in probe.devices:
@@ -34,6 +80,21 @@ def _info(args: argparse.Namespace) -> int:
         print(f"GPU not used: {probe.reason}")
     print(f"default device: {'cuda:0' if probe.usable else 'host'}")
     return 0
+
+
+def _info_dict(probe: Any) -> dict[str, Any]:
+    """What ``info --json`` prints."""
+    return {
+        "asynccube": __version__,
+        "python": platform.python_version(),
+        "packages": {pkg: _version(pkg) for pkg in _PACKAGES},
+        "nvrtc": _nvrtc_version(),
+        "devices": ["host", *probe.devices],
+        "gpu_usable": probe.usable,
+        "gpu_reason": probe.reason,
+        "default_device": "cuda:0" if probe.usable else "host",
+        "hot_path": _hot_path(),
+    }
 
 
 def _version(pkg: str) -> str:
@@ -53,6 +114,13 @@ def _nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
+def _hot_path() -> str:
+    from ._core.cuda import hotpath
+
+    kind = "compiled (C extension)" if hotpath.ACTIVE == "native" else "pure Python"
+    return f"{kind}: {hotpath.REASON}"
+
+
 def _config(args: argparse.Namespace) -> int:
     from ._core.config import format_config, load_effective_config
     from ._core.errors import ConfigError
@@ -66,17 +134,24 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m asynccube", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run concurrent tasks and check them against numpy")
-    demo.add_argument("--device", default=None, help="host, cuda or cuda:N (default: auto)")
-    demo.add_argument("--tasks", type=int, default=8)
-    demo.add_argument("--elements", type=int, default=1 << 16)
-    demo.add_argument("--rounds", type=int, default=4)
-    demo.set_defaults(run=_demo)
-    sub.add_parser("info", help="the devices found, and why a GPU is not used").set_defaults(
-        run=_info
+    parser = _Parser(
+        prog="python -m asynccube",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"asynccube {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{demo,info,config}")
+    demo = sub.add_parser("demo", help="run concurrent tasks and check them against numpy")
+    demo.add_argument("--device", type=_device, default=None, help="host, cuda or cuda:N")
+    demo.add_argument("--tasks", type=_at_least_one, default=8, help="concurrent tasks")
+    demo.add_argument(
+        "--elements", type=_at_least_one, default=1 << 16, help="float32 elements per task"
+    )
+    demo.add_argument("--rounds", type=_at_least_one, default=4, help="launches per task")
+    demo.set_defaults(run=_demo)
+    info = sub.add_parser("info", help="the devices found, and why a GPU is not used")
+    info.add_argument("--json", action="store_true", help="print it as JSON")
+    info.set_defaults(run=_info)
     sub.add_parser("config", help="the effective configuration and its sources").set_defaults(
         run=_config
     )
@@ -84,10 +159,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m asynccube``."""
+    """Entry point of ``python -m asynccube``: 0 on success, 1 when the demo finds a
+    mismatch or a command fails (one line on stderr), 2 for bad arguments."""
+    from ._core.errors import AsyncCubeError
+
     args = _parser().parse_args(argv)
-    code: int = args.run(args)
-    return code
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except AsyncCubeError as exc:
+        print(f"python -m asynccube {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

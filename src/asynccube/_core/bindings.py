@@ -7,6 +7,7 @@ Like the value types in :mod:`.types`, these are small classes built on the laun
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -110,12 +111,17 @@ def _scalar_array(dt: np.dtype[np.generic], values: npt.ArrayLike) -> npt.NDArra
 
 def _checked_scalar(dt: np.dtype[np.generic], value: object) -> object:
     if isinstance(value, np.generic):
-        if value.dtype != dt:
+        if value.dtype == dt:
+            return value
+        if isinstance(value, np.integer):  # numpy integers are ordinary ints
+            value = int(value)
+        elif isinstance(value, np.floating) and dt.kind == "f":
+            value = float(value)
+        else:
             raise ScalarTypeError(
                 f"scalar {value!r} is a {value.dtype}, not a {dt}; convert it or declare "
                 f"{value.dtype}"
             )
-        return value
     kind = dt.kind
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ScalarTypeError(f"scalar {value!r} is not a number for dtype {dt}")
@@ -126,6 +132,16 @@ def _checked_scalar(dt: np.dtype[np.generic], value: object) -> object:
         if not info.min <= int(value) <= info.max:
             raise ScalarTypeError(f"scalar {value!r} does not fit in {dt}")
         return int(value)
+    limit = float(np.finfo(dt.str).max)
+    try:
+        magnitude = abs(float(value))
+    except OverflowError:  # an int beyond any float
+        magnitude = math.inf
+    if magnitude > limit and (isinstance(value, int) or math.isfinite(value)):
+        raise ScalarTypeError(
+            f"scalar {value!r} does not fit in {dt} (largest magnitude {limit:g}); "
+            "declare a wider dtype, or pass inf explicitly"
+        )
     return value
 
 
@@ -247,13 +263,13 @@ class Bindings:
             f"scalars={list(self.scalars.values())}, tensor_maps={self.tensor_maps})"
         )
 
-    def with_buffer(self, binding: Binding) -> Bindings:
-        """Add one buffer binding."""
+    def with_buffer(self, binding: Binding | Handle) -> Bindings:
+        """Add one buffer binding (a Handle stands for its whole binding)."""
         self.buffers.append(_as_binding(binding))
         return self
 
-    def with_buffers(self, bindings: Iterable[Binding]) -> Bindings:
-        """Add buffer bindings in order."""
+    def with_buffers(self, bindings: Iterable[Binding | Handle]) -> Bindings:
+        """Add buffer bindings in order (a Handle stands for its whole binding)."""
         self.buffers.extend(_as_binding(b) for b in bindings)
         return self
 
@@ -296,6 +312,11 @@ def _as_binding(value: object) -> Binding:
     raise InvalidArgument(f"expected a Binding (or Handle), got {type(value).__name__}")
 
 
+def _is_int(value: object) -> bool:
+    """True for ints and numpy integers (not bools)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
 class CubeCount:
     """How many cubes (CUDA blocks) to launch: static ``(x, y, z)`` or read from a buffer.
 
@@ -307,9 +328,9 @@ class CubeCount:
 
     def __init__(self, x: int = 1, y: int = 1, z: int = 1) -> None:
         for name, v in (("x", x), ("y", y), ("z", z)):
-            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**32:
+            if not _is_int(v) or not 0 <= v < 2**32:
                 raise InvalidArgument(f"CubeCount.{name} must be an int in [0, 2**32), got {v!r}")
-        self.x, self.y, self.z = x, y, z
+        self.x, self.y, self.z = int(x), int(y), int(z)
         self.binding: Binding | None = None
 
     @classmethod

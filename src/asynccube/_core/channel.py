@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from .completion import CompletionWatcher
 from .errors import AsyncCubeError, ClientClosedError, ClientDeadError, LoopMismatchError, Unknown
+from .held import HeldErrors
 from .server import Completion, ComputeServer
 from .stream_id import StreamId
 
@@ -52,7 +53,9 @@ class Channel:
         self.state = State.OPEN
         self._queue: deque[tuple[Op, tuple[Any, ...]]] = deque()
         self._wakeup: asyncio.Future[None] | None = None
-        self._held: dict[StreamId, list[BaseException]] = {}
+        # Per logical stream; shared with a server that reports errors from its workers.
+        held = getattr(server, "held_errors", None)
+        self._held = held if isinstance(held, HeldErrors) else HeldErrors()
         self._pending: set[asyncio.Future[Any]] = set()
         self._death: BaseException | None = None
         self._stop = False
@@ -77,6 +80,13 @@ class Channel:
         if self.state is State.DEAD:
             if isinstance(self._death, AsyncCubeError):
                 return self._death
+            if isinstance(self._death, asyncio.CancelledError):
+                err = ClientDeadError(
+                    "the event loop this client ran on has ended (its actor task was "
+                    "cancelled); open a new client on a running loop"
+                )
+                err.__cause__ = self._death
+                return err
             err = ClientDeadError(f"the client's actor died: {self._death!r}")
             err.__cause__ = self._death
             return err
@@ -180,17 +190,11 @@ class Channel:
             wrapped = Unknown(f"{type(exc).__name__}: {exc}")
             wrapped.__cause__ = exc
             exc = wrapped
-        self._held.setdefault(stream, []).append(exc)
+        self._held.hold(stream, exc)
 
     def take_held(self, stream: StreamId) -> BaseException | None:
         """The first error held for ``stream`` (later ones as notes), cleared."""
-        errors = self._held.pop(stream, None)
-        if not errors:
-            return None
-        first = errors[0]
-        for other in errors[1:]:
-            first.add_note(f"also failed on {stream}: {type(other).__name__}: {other}")
-        return first
+        return self._held.take(stream)
 
     def await_completion(
         self,
@@ -262,8 +266,7 @@ class Channel:
     def _closed(self, fut: asyncio.Future[Any], error: BaseException | None) -> None:
         self.state = State.CLOSED
         self.watcher.shutdown()
-        leftovers = [e for errs in self._held.values() for e in errs]
-        self._held.clear()
+        leftovers = self._held.drain()
         if error is not None:
             leftovers.insert(0, error)
         if fut.done():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,8 +17,11 @@ import numpy as np
 import numpy.typing as npt
 
 from .channel import State
+from .client_args import _array_layout, _same_as_tensor
 from .client_core import ClientCore
+from .config import AsyncCubeConfig
 from .errors import InvalidArgument, ProfileError
+from .logging import area_logger
 from .memory.management import MemoryReport
 from .profiling import ProfileSummary
 from .server import ComputeServer
@@ -33,6 +37,13 @@ from .types import (
 )
 
 __all__ = ["ComputeClient"]
+
+_log = area_logger("profiling")
+_NOT_RECORDING = (
+    "nothing is recorded below profiling level 'medium': set [profiling] level = "
+    '"medium" (or "full") in asynccube.toml, or ASYNCCUBE_PROFILING_LEVEL=medium, '
+    "before opening the client"
+)
 
 
 class ComputeClient(ClientCore):
@@ -53,6 +64,10 @@ class ComputeClient(ClientCore):
         self._closing: asyncio.Future[Any] | None = None
         self.profile_summary = ProfileSummary()
         """Named profiles (``client.profile(name)``) aggregated: count, total, mean..."""
+        self.config: AsyncCubeConfig | None = None
+        """The configuration the client was opened with (``open_client``/``connect``)."""
+        self.config_from_code: frozenset[str] = frozenset()
+        """The ``"section.key"`` values set in code (``open_client(config=...)``)."""
 
     # -- profiling ----------------------------------------------------------------------
 
@@ -108,7 +123,11 @@ class ComputeClient(ClientCore):
         records = await channel.request(
             channel.call, StreamId.current(), self._server.kernel_records
         )
-        return Timeline(records, device=self.device)
+        recorder = getattr(self._server, "recorder", None)
+        hint = "" if recorder is None or recorder.enabled else _NOT_RECORDING
+        if hint:
+            _log.warning("timeline(): %s", hint)
+        return Timeline(records, device=self.device, hint=hint)
 
     def memory_report(self) -> asyncio.Future[MemoryReport]:
         """Usage, pages and peaks of each memory pool (awaitable; an HTML table in Jupyter)."""
@@ -145,13 +164,15 @@ class ComputeClient(ClientCore):
         """Read a tensor (or a buffer, given ``dtype`` and optionally ``shape``) into a
         new numpy array of the right dtype and shape."""
         if isinstance(source, Tensor):
+            _same_as_tensor(source, dtype, shape)
             (raw,) = await self.read_tensor([source.copy_descriptor()])
             return np.frombuffer(raw, dtype=source.dtype).reshape(source.shape).copy()
         if dtype is None:
             raise InvalidArgument("read_array of a Handle or Binding needs dtype=")
+        dt, dims = _array_layout(source, dtype, shape)
         (raw,) = await self.read([source])
-        flat = np.frombuffer(raw, dtype=np.dtype(dtype)).copy()
-        return flat if shape is None else flat.reshape(tuple(shape))
+        flat = np.frombuffer(raw, dtype=dt).copy()
+        return flat if dims is None else flat.reshape(dims)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -177,6 +198,19 @@ class ComputeClient(ClientCore):
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
         try:
             await self.close()
-        except Exception:
-            if exc is None:
+        except Exception as error:
+            if not isinstance(exc, BaseException):
                 raise
+            # The block's own exception propagates; the close error is not lost with it.
+            exc.add_note(f"closing the client also raised {type(error).__name__}: {error}")
+
+    def __del__(self) -> None:
+        channel = getattr(self, "_channel", None)
+        if channel is not None and channel.state is State.OPEN:
+            warnings.warn(
+                f"unclosed {self!r}: use `async with open_client() as client:` or "
+                "`await client.close()`",
+                ResourceWarning,
+                source=self,
+                stacklevel=2,
+            )

@@ -16,6 +16,8 @@ from .server import BytesLike
 from .tensor import Tensor
 from .types import Binding, CopyDescriptor, ExecutionMode, Handle
 
+ShapeLike = Sequence[int] | None
+
 DataLike = BytesLike | npt.NDArray[Any]
 """What ``create`` and ``write`` take: bytes-like objects or numpy arrays."""
 
@@ -51,11 +53,22 @@ def _same_length(**seqs: Sequence[Any]) -> None:
     if len(set(lengths.values())) > 1:
         raise InvalidArgument(f"these must have the same length: {lengths}")
     for shape in seqs.get("shapes", ()):
-        if any(not isinstance(d, int) or d < 0 for d in shape):
+        if any(not _is_int(d) or d < 0 for d in shape):
             raise BufferTooBig(-1, f"shape {tuple(shape)} has a negative or non-int dimension")
     for elem in seqs.get("elem_sizes", ()):
-        if not isinstance(elem, int) or elem <= 0:
+        if not _is_int(elem) or elem <= 0:
             raise InvalidArgument(f"elem_size must be a positive int, got {elem!r}")
+
+
+def _items(method: str, name: str, value: Any) -> Sequence[Any]:
+    """``value`` if it is a list-like of items, else InvalidArgument naming the argument
+    (``client.read(h)`` instead of ``client.read([h])``)."""
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray):
+        return value
+    raise InvalidArgument(
+        f"{method}: {name} must be a list, got {type(value).__name__}; "
+        f"e.g. client.{method}([...]) with one item per {name[:-1]}"
+    )
 
 
 def _bad_execute(kernel: object, count: object, bindings: object, mode: object) -> None:
@@ -67,3 +80,69 @@ def _bad_execute(kernel: object, count: object, bindings: object, mode: object) 
     ):
         if not isinstance(value, cls):
             raise InvalidArgument(f"execute: {name} must be a {cls.__name__}, got {value!r}")
+
+
+def _same_as_tensor(tensor: Tensor, dtype: npt.DTypeLike | None, shape: ShapeLike) -> None:
+    """``read_array`` of a Tensor: a ``dtype`` or ``shape`` given must be the tensor's."""
+    if dtype is not None and _dtype("dtype", dtype) != tensor.dtype:
+        raise InvalidArgument(
+            f"read_array: dtype={np.dtype(dtype)} conflicts with the tensor's {tensor.dtype}; "
+            "omit it, or read tensor.handle with that dtype"
+        )
+    if shape is not None and _dims("shape", shape) != tensor.shape:
+        raise InvalidArgument(
+            f"read_array: shape={tuple(shape)} conflicts with the tensor's {tensor.shape}; "
+            "omit it, or reshape the array read"
+        )
+
+
+def _array_layout(
+    source: object, dtype: npt.DTypeLike, shape: ShapeLike
+) -> tuple[np.dtype[Any], tuple[int, ...] | None]:
+    """``read_array`` of a buffer: its dtype and shape, checked against its size."""
+    dt = _dtype("dtype", dtype)
+    size = _whole(source).binding.size
+    if size % dt.itemsize:
+        raise InvalidArgument(
+            f"read_array: the buffer's {size} bytes are not a whole number of dtype={dt} "
+            f"elements ({dt.itemsize} bytes each); pass a dtype that divides the size"
+        )
+    if shape is None:
+        return dt, None
+    dims = _dims("shape", shape)
+    if int(np.prod(dims)) * dt.itemsize != size:
+        raise InvalidArgument(
+            f"read_array: shape={dims} of {dt} needs {int(np.prod(dims)) * dt.itemsize} "
+            f"bytes; the buffer has {size}"
+        )
+    return dt, dims
+
+
+def _dtype(name: str, value: npt.DTypeLike) -> np.dtype[Any]:
+    """``value`` as a numpy dtype of fixed-size plain data, or InvalidArgument naming it."""
+    try:
+        dt = np.dtype(value)
+    except TypeError as exc:
+        raise InvalidArgument(f"{name}={value!r} is not a numpy dtype") from exc
+    if dt.hasobject or dt.itemsize == 0:
+        raise InvalidArgument(
+            f"{name}={dt} is not plain fixed-size data (object or flexible dtype); "
+            "use a numeric or fixed-size dtype"
+        )
+    return dt
+
+
+def _dims(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` as a tuple of ints >= 0 (numpy integers accepted), or InvalidArgument."""
+    try:
+        dims = tuple(shape)
+    except TypeError as exc:
+        raise InvalidArgument(f"{name}={shape!r} must be a sequence of ints") from exc
+    if not all(_is_int(d) and d >= 0 for d in dims):
+        raise InvalidArgument(f"{name}={shape!r} must hold ints >= 0")
+    return tuple(int(d) for d in dims)
+
+
+def _is_int(value: object) -> bool:
+    """True for ints and numpy integers (not bools)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)

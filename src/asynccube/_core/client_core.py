@@ -24,6 +24,8 @@ from .client_args import (
     _bad_execute,
     _descriptor,
     _forget_staging,
+    _is_int,
+    _items,
     _same_length,
     _whole,
 )
@@ -66,6 +68,8 @@ class ClientCore:
             server, "prepare_write", None
         )
         self._prepare_read: Callable[..., Job | None] | None = getattr(server, "prepare_read", None)
+        # Optional: a server-side snapshot of large data (CUDA: straight into pinned memory).
+        self._server_snapshot: Callable[[Any], Any] | None = getattr(server, "snapshot", None)
         self._staging: dict[int, weakref.ref[npt.NDArray[np.uint8]]] = {}
         self._jobs = JobThread(loop)
 
@@ -122,11 +126,12 @@ class ClientCore:
         is slow, so this runs in a worker thread.
         """
         self._channel.check()
-        for n in sizes:
-            if not isinstance(n, int) or n < 0:
+        for n in _items("staging", "sizes", sizes):
+            if not _is_int(n) or n < 0:
                 raise InvalidArgument(f"staging sizes must be ints >= 0, got {n!r}")
+        ints = [int(n) for n in sizes]
         stream = StreamId.current()
-        views = await self._jobs.run(lambda: self._server.staging(list(sizes), stream))
+        views = await self._jobs.run(lambda: self._server.staging(ints, stream))
         arrays = [np.asarray(v, dtype=np.uint8).reshape(-1) for v in views]
         for array in arrays:
             forget = functools.partial(_forget_staging, self._staging, id(array))
@@ -140,6 +145,10 @@ class ClientCore:
             ref = self._staging.get(id(data))
             if ref is not None and ref() is data:
                 return memoryview(data)  # type: ignore[arg-type]
+        if self._server_snapshot is not None and not isinstance(data, bytes):
+            snap = self._server_snapshot(data)
+            if snap is not None:
+                return snap
         return as_bytes(data)
 
     def _create_with_data(self, stream: StreamId, handle: Handle, raw: Any) -> Any:
@@ -195,7 +204,8 @@ class ClientCore:
         kind: AllocationKind,
     ) -> list[tuple[Handle, tuple[int, ...]]]:
         descs = [
-            AllocationDescriptor(kind, tuple(s), e) for s, e in zip(shapes, elem_sizes, strict=True)
+            AllocationDescriptor(kind, tuple(int(d) for d in s), int(e))
+            for s, e in zip(shapes, elem_sizes, strict=True)
         ]
         layouts = [self._server.layout(d) for d in descs]
         handles = [self._mint(size) for size, _ in layouts]
@@ -203,8 +213,9 @@ class ClientCore:
         return [(h, strides) for h, (_, strides) in zip(handles, layouts, strict=True)]
 
     def _mint(self, size: int) -> Handle:
-        if not isinstance(size, int) or isinstance(size, bool):
+        if not _is_int(size):
             raise InvalidArgument(f"size must be an int, got {type(size).__name__}")
+        size = int(size)  # numpy integers are ordinary ints
         limit = self._server.properties.max_allocation
         if size < 0:
             raise BufferTooBig(size, "sizes must be >= 0")
@@ -217,7 +228,9 @@ class ClientCore:
     def write(self, items: Sequence[tuple[CopyDescriptor, DataLike]]) -> None:
         """Write dense data into each (possibly strided) tensor, in stream order."""
         self._channel.check()
-        copies = [(_descriptor(d), self._snapshot(data)) for d, data in items]
+        copies = [
+            (_descriptor(d), self._snapshot(data)) for d, data in _items("write", "items", items)
+        ]
         self._channel.send(self._write, StreamId.current(), copies)
 
     def _write(self, stream: StreamId, copies: list[tuple[CopyDescriptor, Any]]) -> Any:
@@ -230,14 +243,14 @@ class ClientCore:
     def read(self, bindings: Sequence[Binding | Handle]) -> asyncio.Future[list[bytes]]:
         """The bytes of each binding (awaitable)."""
         self._channel.check()
-        descs = [_whole(b) for b in bindings]
+        descs = [_whole(b) for b in _items("read", "bindings", bindings)]
         channel = self._channel
         return channel.request(self._read, StreamId.current(), descs)
 
     def read_tensor(self, descriptors: Sequence[CopyDescriptor]) -> asyncio.Future[list[bytes]]:
         """The bytes of each (possibly strided) tensor, densely packed (awaitable)."""
         self._channel.check()
-        descs = [_descriptor(d) for d in descriptors]
+        descs = [_descriptor(d) for d in _items("read_tensor", "descriptors", descriptors)]
         channel = self._channel
         return channel.request(self._read, StreamId.current(), descs)
 

@@ -10,10 +10,12 @@ import numpy as np
 
 from .bindings import Bindings, CubeCount
 from .client import ComputeClient
+from .devices import parse_device, probe_gpus
+from .errors import InvalidArgument
 from .kernel import CudaSource, HostLaunch, Kernel
 from .open import open_client
 
-__all__ = ["DemoReport", "run_demo"]
+__all__ = ["DemoReport", "check_demo_args", "format_report", "run_demo"]
 
 _BLOCK = 256
 
@@ -42,18 +44,48 @@ SAXPY = Kernel(
 
 @dataclass(frozen=True, slots=True)
 class DemoReport:
-    """What the demo did and measured."""
+    """What the demo did and measured.
+
+    Attributes:
+        device: The device string that ran it.
+        device_name: The device's name.
+        why: Why this device ran it (asked for, or the default and why).
+        tasks: Concurrent tasks.
+        elements: float32 elements per task.
+        rounds: Chained SAXPY launches per task.
+        seconds: Wall-clock time of the tasks (after a warm-up launch; opening the
+            client excluded).
+        compared: Results compared with numpy (each task's, and the warm-up's).
+        matched: Results that matched.
+        memory: Memory usage at the end.
+    """
 
     device: str
     device_name: str
+    why: str
     tasks: int
     elements: int
+    rounds: int
     seconds: float
-    checked: int
+    compared: int
+    matched: int
     memory: str
 
+    @property
+    def ok(self) -> bool:
+        """True when results were compared and every one matched."""
+        return self.compared > 0 and self.matched == self.compared
 
-async def _task(client: ComputeClient, seed: int, n: int, rounds: int) -> int:
+
+def check_demo_args(tasks: object, elements: object, rounds: object) -> None:
+    """Raise InvalidArgument naming the first argument that is not an int >= 1."""
+    for name, value in (("tasks", tasks), ("elements", elements), ("rounds", rounds)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidArgument(f"{name} must be an integer >= 1, got {value!r}")
+
+
+async def _task(client: ComputeClient, seed: int, n: int, rounds: int) -> bool:
+    """``rounds`` chained SAXPYs over ``n`` elements; True if the result matches numpy."""
     rng = np.random.default_rng(seed)
     x = rng.random(n, dtype=np.float32)
     y = rng.random(n, dtype=np.float32)
@@ -64,7 +96,7 @@ async def _task(client: ComputeClient, seed: int, n: int, rounds: int) -> int:
         out = client.empty(4 * n)
         bindings = (
             Bindings()
-            .with_buffers([hx.binding(), hy.binding(), out.binding()])
+            .with_buffers([hx, hy, out])
             .with_scalar(np.float32, [a])
             .with_scalar(np.uint32, [n])
         )
@@ -72,34 +104,55 @@ async def _task(client: ComputeClient, seed: int, n: int, rounds: int) -> int:
         expected = a * x + expected
         hy = out
     got = await client.read_array(hy, np.float32)
-    np.testing.assert_allclose(got, expected, rtol=1e-5)
-    return n
+    return bool(got.shape == expected.shape and np.allclose(got, expected, rtol=1e-5))
+
+
+async def _choose_device(device: str | None) -> tuple[str, str]:
+    """The device to run on and why."""
+    if device is not None:
+        parse_device(device)  # InvalidArgument for an unknown device
+        return device, "as asked"
+    probe = await asyncio.get_running_loop().run_in_executor(None, probe_gpus)
+    if probe.usable:
+        return "cuda:0", "the default: a GPU and its driver are usable"
+    return "host", f"the default, as no GPU is usable: {probe.reason}"
 
 
 async def run_demo(
     device: str | None = None, tasks: int = 8, elements: int = 1 << 16, rounds: int = 4
 ) -> DemoReport:
-    """Run ``tasks`` concurrent tasks of chained SAXPYs; check each against numpy."""
-    async with open_client(device) as client:
+    """Run ``tasks`` concurrent tasks of ``rounds`` chained SAXPYs over ``elements``
+    float32 each, after one warm-up launch, and compare every result with numpy."""
+    check_demo_args(tasks, elements, rounds)
+    chosen, why = await _choose_device(device)
+    async with open_client(chosen) as client:
+        warm = await _task(client, tasks, _BLOCK, 1)  # compiles and loads the kernel
         start = time.perf_counter()
-        done = await asyncio.gather(
+        results = await asyncio.gather(
             *(_task(client, seed, elements, rounds) for seed in range(tasks))
         )
         seconds = time.perf_counter() - start
         usage = await client.memory_usage()
+        matched = sum(results) + warm
         return DemoReport(
-            client.device, client.properties.name, tasks, sum(done), seconds, len(done), str(usage)
-        )
+            client.device, client.properties.name, why, tasks, elements, rounds, seconds,
+            len(results) + 1, matched, str(usage),
+        )  # fmt: skip
 
 
 def format_report(report: DemoReport) -> str:
     """The demo's printed summary."""
+    verdict = "" if report.ok else "  MISMATCH: the device disagrees with numpy"
     return "\n".join(
         [
-            f"device:   {report.device} ({report.device_name})",
-            f"tasks:    {report.tasks} concurrent, {report.elements} elements in all",
-            f"checked:  {report.checked}/{report.tasks} results match numpy",
-            f"time:     {report.seconds * 1e3:.1f} ms",
+            f"device:   {report.device} ({report.device_name}): {report.why}",
+            f"tasks:    {report.tasks} concurrent, each {report.rounds} chained SAXPY "
+            f"launches over {report.elements} float32 elements",
+            f"checked:  {report.matched}/{report.compared} results match numpy "
+            f"({report.tasks} tasks and 1 warm-up, every element){verdict}",
+            f"time:     {report.seconds * 1e3:.1f} ms wall clock for the {report.tasks} tasks "
+            "(create, launches, read back; after a warm-up launch, which compiles the "
+            "kernel on CUDA; opening the client excluded)",
             f"memory:   {report.memory}",
         ]
     )

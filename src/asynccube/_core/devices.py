@@ -7,11 +7,12 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .errors import InvalidArgument
+from .errors import AsyncCubeError, CudaDriverError, DeviceError, InvalidArgument
 from .host.server import HostServer
 from .server import ComputeServer
 
 if TYPE_CHECKING:
+    from .config import AsyncCubeConfig, ConfigOverrides
     from .settings import Settings
 
 __all__ = ["GpuProbe", "make_server", "parse_device", "probe_gpus"]
@@ -57,12 +58,17 @@ def probe_gpus() -> GpuProbe:
     return GpuProbe(True, "", devices)
 
 
-async def make_server(device: str | None) -> ComputeServer:
-    """The server for ``device`` (None: the first usable GPU, else the host)."""
+async def make_server(
+    device: str | None, config: ConfigOverrides | AsyncCubeConfig | None = None
+) -> ComputeServer:
+    """The server for ``device`` (None: the first usable GPU, else the host), configured
+    from the file, the environment, then ``config`` (validated like the file)."""
     from .settings import load_settings
 
     loop = asyncio.get_running_loop()
-    settings = await loop.run_in_executor(None, load_settings)
+    if device is not None:
+        parse_device(device)  # a bad device string fails before any blocking work
+    settings = await loop.run_in_executor(None, load_settings, None, config)
     if device is None:
         probe = await loop.run_in_executor(None, probe_gpus)
         device = "cuda:0" if probe.usable else "host"
@@ -73,7 +79,38 @@ async def make_server(device: str | None) -> ComputeServer:
 
 
 async def _make_cuda(index: int, settings: Settings) -> ComputeServer:
-    from .cuda.server import open_cuda_server
+    """The CUDA server for GPU ``index``; any failure to open it is a DeviceError."""
+    try:
+        from .cuda.server import open_cuda_server
 
-    server: ComputeServer = await open_cuda_server(index, settings)
-    return server
+        server: ComputeServer = await open_cuda_server(index, settings)
+        return server
+    except AsyncCubeError as exc:
+        if not isinstance(exc, CudaDriverError) or exc.name != "CUDA_ERROR_INVALID_DEVICE":
+            raise
+        failure: BaseException = exc
+    except Exception as exc:  # no driver library, no cuda-bindings, driver too old, ...
+        failure = exc
+    probe = await asyncio.get_running_loop().run_in_executor(None, probe_gpus)
+    raise cannot_open(index, probe, failure) from None
+
+
+def cannot_open(index: int, probe: GpuProbe, failure: BaseException) -> DeviceError:
+    """The DeviceError for GPU ``index`` failing to open: what is missing, what to do."""
+    if probe.usable:
+        found = "; ".join(probe.devices)
+        what = f"there is no GPU cuda:{index} (found: {found})"
+        todo = "use one of those, or 'host'"
+    else:
+        what = probe.reason or "the CUDA driver could not be used"
+        todo = (
+            "install the NVIDIA driver on a machine with an NVIDIA GPU, or use the numpy "
+            "host server: open_client('host') (the default device when no GPU is usable)"
+        )
+    cause = "" if str(failure) in what else f" (cause: {type(failure).__name__}: {failure})"
+    error = DeviceError(
+        f"cannot open cuda:{index}: {what.rstrip('. ')}{cause}; {todo}. "
+        "`python -m asynccube info` shows the devices found"
+    )
+    error.__suppress_context__ = True
+    return error

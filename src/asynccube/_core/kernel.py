@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -12,6 +13,8 @@ from .bindings import TensorMapBinding
 from .errors import InvalidArgument, KernelNotSupported
 
 __all__ = ["CudaSource", "HostLaunch", "Kernel"]
+
+S = TypeVar("S", bound=np.generic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +60,15 @@ class HostLaunch:
     count: tuple[int, int, int]
     tensor_maps: list[tuple[TensorMapBinding, npt.NDArray[np.uint8]]] = field(default_factory=list)
 
-    def scalar(self, dtype: npt.DTypeLike, index: int = 0) -> np.generic:
-        """The ``index``-th scalar of ``dtype`` (raises KeyError naming what is present)."""
+    @overload
+    def scalar(self, dtype: type[S], index: int = 0) -> S: ...
+    @overload
+    def scalar(self, dtype: npt.DTypeLike, index: int = 0) -> Any: ...
+    def scalar(self, dtype: npt.DTypeLike, index: int = 0) -> Any:
+        """The ``index``-th scalar of ``dtype`` (raises KeyError naming what is present).
+
+        Typed as that numpy scalar type: ``launch.scalar(np.float32) * x`` is float32.
+        """
         dt = np.dtype(dtype)
         if dt not in self.scalars:
             present = ", ".join(str(d) for d in self.scalars) or "none"

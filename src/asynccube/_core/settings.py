@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import AsyncCubeConfig, PoolPreset, load_config
+from .config import AsyncCubeConfig, ConfigOverrides, PoolPreset, load_config
 from .logging import ServerLogger
 from .memory import MemoryConfig as PoolLayout
 from .profiling import KernelRecorder
@@ -50,6 +50,12 @@ def host_workers() -> int:
     return max(2, os.cpu_count() or 2)
 
 
-def load_settings(cwd: Path | None = None) -> Settings:
-    """Read the configuration (file and ``ASYNCCUBE_*``); blocking, call it off the loop."""
-    return Settings(load_config(cwd))
+def load_settings(
+    cwd: Path | None = None, overrides: ConfigOverrides | AsyncCubeConfig | None = None
+) -> Settings:
+    """Read the configuration (file, ``ASYNCCUBE_*``, then ``overrides`` given in code,
+    validated like the file); blocking, call it off the loop. A ready
+    :class:`AsyncCubeConfig` is used as it is."""
+    if isinstance(overrides, AsyncCubeConfig):
+        return Settings(overrides)
+    return Settings(load_config(cwd, overrides=overrides))

@@ -11,6 +11,10 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+import numpy as np
+
+from .errors import InvalidArgument
+
 __all__ = ["StreamId"]
 
 _counter = itertools.count(1)
@@ -69,7 +73,14 @@ class StreamId:
         tasks it creates, use stream 7. Pins nest; leaving the block restores the
         previous one.
         """
-        sid = stream if isinstance(stream, StreamId) else StreamId(int(stream))
+        if isinstance(stream, StreamId):
+            sid = stream
+        elif isinstance(stream, int | np.integer) and not isinstance(stream, bool | np.bool_):
+            sid = StreamId(int(stream))  # numpy integers are ordinary ints
+        else:
+            raise InvalidArgument(
+                f"StreamId.pinned(stream): stream must be a StreamId or an int, got {stream!r}"
+            )
         token = _pinned.set(sid)
         try:
             yield sid

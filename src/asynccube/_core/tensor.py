@@ -34,12 +34,19 @@ class Tensor:
         dtype: npt.DTypeLike,
     ) -> None:
         self.handle = handle
-        self.shape = tuple(shape)
-        self.strides = tuple(strides)
+        self.shape = tuple(int(d) for d in shape)  # numpy integers become ints
+        self.strides = tuple(int(s) for s in strides)
         self.dtype = np.dtype(dtype)
 
     def __repr__(self) -> str:
         return f"Tensor(shape={self.shape}, strides={self.strides}, dtype={self.dtype})"
+
+    def __array__(self, dtype: object = None, copy: object = None) -> npt.NDArray[Any]:
+        """Refused: the data lives on the client's server, and reading it is awaited."""
+        raise InvalidArgument(
+            "a Tensor's data lives on its client's server; read it with "
+            "`await client.read_array(tensor)` instead of np.asarray(tensor)"
+        )
 
     def binding(self) -> Binding:
         """A binding over the tensor's buffer."""
@@ -55,6 +62,11 @@ def as_bytes(data: Any) -> bytes | memoryview:
     if isinstance(data, bytes):
         return data
     if isinstance(data, np.ndarray):
+        if data.dtype.hasobject:
+            raise InvalidArgument(
+                f"data: a numpy array of dtype {data.dtype} holds Python objects, not raw "
+                "data; convert it to a numeric dtype first (e.g. .astype(np.float32))"
+            )
         return np.ascontiguousarray(data).tobytes()
     try:
         view = memoryview(data)

@@ -123,18 +123,23 @@ class Timeline:
     Attributes:
         records: The records, ordered by start time.
         device: The device string they ran on.
+        hint: Why there are no records and how to get them ("" when recording).
     """
 
-    __slots__ = ("device", "records")
+    __slots__ = ("device", "hint", "records")
 
-    def __init__(self, records: Iterable[KernelRecord], *, device: str = "host") -> None:
+    def __init__(
+        self, records: Iterable[KernelRecord], *, device: str = "host", hint: str = ""
+    ) -> None:
         self.records = tuple(sorted(records, key=lambda r: (r.start_ns, r.stream)))
         self.device = device
+        self.hint = hint
 
     def __repr__(self) -> str:
+        hint = f"; {self.hint}" if self.hint else ""
         return (
             f"Timeline(device={self.device!r}, {len(self.records)} records, "
-            f"{len(self.streams)} streams, span={format_ns(self.span_ns)})"
+            f"{len(self.streams)} streams, span={format_ns(self.span_ns)}{hint})"
         )
 
     def __len__(self) -> int:

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from ..bindings import SCALAR_DTYPES, Bindings, ScalarBinding
 from ..errors import InvalidArgument
+from .hotpath import hot
 
 __all__ = [
     "C_TYPES",
@@ -189,6 +190,7 @@ class ArgPack:
 
     __slots__ = (
         "_meta",
+        "_meta_off",
         "_ptr_off",
         "_ptrs",
         "_raw",
@@ -197,6 +199,7 @@ class ArgPack:
         "address",
         "params",
         "signature",
+        "state",
         "storage",
         "view",
     )
@@ -214,9 +217,22 @@ class ArgPack:
             self.params = np.zeros(1, dtype=np.uint64)
         self.address: int = self.params.ctypes.data
         self._ptrs = struct.Struct(f"<{sig.buffers}Q")
-        meta_at = size - 4 * sig.metadata
+        meta_at = self._meta_off
         meta = np.frombuffer(self._raw, np.uint32, sig.metadata, start + meta_at)
         self._meta = memoryview(meta)  # type: ignore[arg-type]
+        scalar_slots = [
+            (off, _align(dt.itemsize * n, 8))
+            for off, (dt, n) in zip(self._scalar_off, sig.scalars, strict=True)
+        ]
+        self.state: Any = hot.PackState(
+            self.storage,
+            self.params,
+            self._ptr_off,
+            sig.buffers,
+            scalar_slots,
+            (meta_at, 4 * sig.metadata) if sig.metadata else None,
+            self._tmap_off,
+        )
 
     def _layout(self, sig: Signature) -> tuple[list[int], int]:
         self._tmap_off = [i * TENSOR_MAP_BYTES for i in range(sig.tensor_maps)]
@@ -229,6 +245,7 @@ class ArgPack:
             self._scalar_off.append(at)
             scalars += [at + dt.itemsize * i for i in range(n)]
             at = _align(at + dt.itemsize * n, 8)
+        self._meta_off = at
         meta = [at] if sig.metadata else []
         size = at + 4 * sig.metadata
         return ptrs + self._tmap_off + scalars + meta, max(size, 8)

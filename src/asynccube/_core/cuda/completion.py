@@ -14,20 +14,23 @@ finalizer that produces the result (e.g. bytes out of a pinned staging buffer):
 For long waits the completion can also hand the event loop a file descriptor
 (``fileno()``) that becomes readable when the work is done, so no thread is needed at
 all: a *notify stream* paired with the work's stream waits on the event
-(``cuStreamWaitEvent``) and then runs libc's ``close()`` as a host function
+(``cuStreamWaitEvent``) and then runs a C ``close()`` as a host function
 (``cuLaunchHostFunc``, called through its C entry point so that no Python wrapper, and
-so no GIL, is involved) on the write end of a fresh pipe. The driver's callback thread
-closes the pipe; the loop's selector sees the read end become readable (EOF) and wakes.
+so no GIL, is involved: the compiled hot path's own C function, or libc's in the twin)
+on the write end of a fresh pipe. The driver's callback thread closes the pipe; the
+loop's selector sees the read end become readable (EOF) and wakes.
 The notify stream keeps the host function off the work stream, which therefore never
 stalls behind the callback. The write end belongs to the driver from then on and is
 never touched again by Python. The driver skips host functions once the context has a
 sticky error, so a watcher of the descriptor must also poll ``done()`` now and then.
+
+Event queries and records, and the host function, go through :mod:`.hotpath` (the
+compiled module, or its pure-Python twin).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import select
 import time
@@ -35,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, TypeVar
 
 from .driver import check, cu, error_from
+from .hotpath import hot
 
 __all__ = ["CudaCompletion", "EventPool", "HostFuncNotifier"]
 
@@ -52,6 +56,7 @@ class EventPool:
     __slots__ = ("_flags", "_free", "created")
 
     def __init__(self, flags: int | None = None) -> None:
+        hot.open_driver()
         d = cu()
         if flags is None:
             flags = int(d.CUevent_flags.CU_EVENT_BLOCKING_SYNC) | int(
@@ -77,7 +82,10 @@ class EventPool:
     def record(self, stream: Any) -> Any:
         """Take an event and record it on ``stream``."""
         event = self.take()
-        check(cu().cuEventRecord(event, stream), "cuEventRecord")
+        err = hot.event_record(event, stream)
+        if err:
+            self._free.append(event)
+            raise error_from(err, "cuEventRecord")
         return event
 
     def close(self) -> None:
@@ -85,20 +93,6 @@ class EventPool:
         d = cu()
         while self._free:
             d.cuEventDestroy(self._free.pop())
-
-
-def _libc_close_address() -> int:
-    try:  # the process's own namespace holds libc (no ldconfig subprocess, unlike find_library)
-        libc = ctypes.CDLL(None)
-    except OSError:
-        libc = ctypes.CDLL("libc.so.6")
-    address = ctypes.cast(libc.close, ctypes.c_void_p).value
-    if not address:
-        raise OSError("libc close() not found")
-    return address
-
-
-_LaunchHostFunc = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 
 
 class HostFuncNotifier:
@@ -110,14 +104,7 @@ class HostFuncNotifier:
     """
 
     def __init__(self) -> None:
-        d = cu()
-        version = int(check(d.cuDriverGetVersion(), "cuDriverGetVersion"))
-        flags = int(d.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT)
-        res = d.cuGetProcAddress(b"cuLaunchHostFunc", version, flags)
-        pfn = check(res, "cuGetProcAddress(cuLaunchHostFunc)")
-        address = int(pfn[0] if isinstance(pfn, tuple) else pfn)
-        self._launch = _LaunchHostFunc(address)
-        self._close = _libc_close_address()
+        hot.open_driver()
         self._notify: dict[int, Any] = {}
         self.armed = 0
 
@@ -139,11 +126,11 @@ class HostFuncNotifier:
         for event in events:
             check(wait(side, event, 0), "cuStreamWaitEvent(notify)")
         read_end, write_end = os.pipe()
-        err = self._launch(int(side), self._close, write_end)
+        err = hot.notify_close(side, write_end)
         if err:
             os.close(read_end)
             os.close(write_end)
-            raise error_from(cu().CUresult(err), "cuLaunchHostFunc")
+            raise error_from(err, "cuLaunchHostFunc")
         self.armed += 1
         return read_end
 
@@ -214,9 +201,9 @@ class CudaCompletion(Generic[T]):
         """True once every event completed or one reported an error (never blocks)."""
         if self._ready:
             return True
-        query = cu().cuEventQuery
+        query = hot.event_query
         while self._events and not self._released:
-            (err,) = query(self._events[-1])
+            err = query(self._events[-1])
             if err == _NOT_READY:
                 return False
             if err:

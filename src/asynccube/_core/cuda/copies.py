@@ -18,7 +18,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .driver import check, cu
+from .driver import check, cu, error_from
+from .hotpath import hot
 
 __all__ = ["CopyPlan", "issue_copy", "plan_copy"]
 
@@ -109,10 +110,9 @@ def issue_copy(plan: CopyPlan, dev: int, host: int, stream: Any, *, to_device: b
     at ``host`` (page-locked, so the copies are asynchronous) on ``stream``."""
     d = cu()
     if plan.is_contiguous:
-        if to_device:
-            check(d.cuMemcpyHtoDAsync(dev, host, plan.width, stream), "cuMemcpyHtoDAsync")
-        else:
-            check(d.cuMemcpyDtoHAsync(host, dev, plan.width, stream), "cuMemcpyDtoHAsync")
+        err = hot.memcpy_async(to_device, dev, host, plan.width, stream)
+        if err:
+            raise error_from(err, "cuMemcpyHtoDAsync" if to_device else "cuMemcpyDtoHAsync")
         return
     if plan.pitch < plan.width:  # overlapping rows (stride 0): one copy per row
         for dev_off, host_off in plan.copies():

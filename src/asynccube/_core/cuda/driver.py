@@ -71,6 +71,10 @@ def cu() -> Any:
 def error_from(err: Any, call: str = "") -> CudaDriverError:
     """A :class:`CudaDriverError` for the ``CUresult`` ``err`` returned by ``call``."""
     code = int(err)
+    try:  # the hot path returns plain ints
+        err = cu().CUresult(code)
+    except Exception:  # an unknown code, or no cuda.bindings: keep the int
+        pass
     name = _error_name(err, code)
     text = _error_text(err, name)
     return CudaDriverError(code, name, text, call=call, sticky=name in STICKY_ERRORS)

@@ -92,6 +92,11 @@ class CudaStorage:
 
     def _raw_alloc(self, size: int) -> int:
         d = cu()
+        call = "cuMemAllocFromPoolAsync" if self._pool is not None else "cuMemAlloc"
+        if not self._fits(size):  # refused without a failing driver call (sanitizer-clean)
+            raise StorageOutOfMemory(size, f"{call}: CUDA_ERROR_OUT_OF_MEMORY") from error_from(
+                _OOM, call
+            )
         if self._pool is not None:
             err, ptr = d.cuMemAllocFromPoolAsync(size, self._pool, self._stream)
             call = "cuMemAllocFromPoolAsync"
@@ -107,6 +112,24 @@ class CudaStorage:
         if self._pool is not None:
             check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize(storage)")
         return int(ptr)
+
+    def _fits(self, size: int) -> bool:
+        """False when ``size`` bytes exceed what the device has free plus what the pool
+        holds unused (the driver's answer, without asking it to fail)."""
+        d = cu()
+        err, free, _ = d.cuMemGetInfo()
+        if err:
+            return True  # let the allocation itself say
+        spare = 0
+        if self._pool is not None:
+            attrs = d.CUmemPool_attribute
+            reserved = d.cuMemPoolGetAttribute(
+                self._pool, attrs.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT
+            )
+            used = d.cuMemPoolGetAttribute(self._pool, attrs.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+            if not reserved[0] and not used[0]:
+                spare = max(0, int(reserved[1]) - int(used[1]))
+        return size <= int(free) + spare
 
     def _raw_free(self, ptr: int) -> None:
         d = cu()

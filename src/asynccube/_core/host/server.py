@@ -20,13 +20,15 @@ import numpy.typing as npt
 
 from ..bindings import Bindings, CubeCount
 from ..errors import InvalidArgument, InvalidHandle, ProfileError
+from ..held import HeldErrors
 from ..kernel import HostLaunch, Kernel
+from ..launch_limits import HOST_LIMITS, check_launch
 from ..logging import ServerLogger
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
 from ..memory.slice import SliceHandle
 from ..memory.storage import BytesStorage
 from ..memory.table import SliceTable
-from ..profiling import KernelRecord, KernelRecorder, RecordKind
+from ..profiling import KernelRecord, KernelRecorder
 from ..server import BindingResource, BytesLike, DeviceProperties
 from ..slice_server import SliceServer
 from ..stream.multi import MultiStream
@@ -42,6 +44,7 @@ from ..types import (
     TimingMethod,
 )
 from .layout import check_copy, gather, scatter
+from .tasks import CloseState, completing, guarded, read_count, recorded
 from .worker import HostBackend, HostCompletion, HostStream
 
 __all__ = ["HostServer"]
@@ -83,6 +86,8 @@ class HostServer(SliceServer[_Bound]):
             self._backend, max_streams, logger if logger is not None else ServerLogger()
         )
         self._profiles: dict[int, HostCompletion[int]] = {}
+        self.held_errors = HeldErrors()
+        """Errors of queued work, per logical stream (the channel shares this store)."""
         self.recorder = recorder if recorder is not None else KernelRecorder()
         if self.recorder.enabled:
             self._streams.record_wait = self._recorded_wait
@@ -138,8 +143,8 @@ class HostServer(SliceServer[_Bound]):
 
         if self.recorder.enabled:
             nbytes = sum(mv.nbytes for _, _, mv in jobs)
-            run = _recorded(run, self.recorder, "write", stream.value, "copy", nbytes)
-        resolved.stream.submit(run)
+            run = recorded(run, self.recorder, "write", stream.value, "copy", nbytes)
+        resolved.stream.submit(guarded(run, self.held_errors, stream, "write"))
 
     def read(
         self, descriptors: Sequence[CopyDescriptor], stream: StreamId
@@ -156,8 +161,8 @@ class HostServer(SliceServer[_Bound]):
 
         if self.recorder.enabled:
             nbytes = sum(d.nbytes for d in descriptors)
-            run = _recorded(run, self.recorder, "read", stream.value, "copy", nbytes)
-        return self._complete_on(resolved.stream, run)
+            run = recorded(run, self.recorder, "read", stream.value, "copy", nbytes)
+        return self._complete_on(resolved.stream, stream, run)
 
     def get_resource(self, binding: Binding, stream: StreamId) -> HostCompletion[Any]:
         """A writable numpy view of the binding's bytes, once the stream's work is done."""
@@ -165,7 +170,7 @@ class HostServer(SliceServer[_Bound]):
         offset = binding.offset_start or 0
         resolved = self._streams.resolve(stream, (binding,))
         return self._complete_on(
-            resolved.stream, lambda: BindingResource(view, offset, binding.size)
+            resolved.stream, stream, lambda: BindingResource(view, offset, binding.size)
         )
 
     def _view(self, binding: Binding) -> View:
@@ -179,20 +184,13 @@ class HostServer(SliceServer[_Bound]):
             raise InvalidHandle(f"offsets of {binding!r} fall outside its buffer")
         return view[first : first + size]
 
-    def _complete_on(self, stream: HostStream, fn: Callable[[], T]) -> HostCompletion[T]:
+    def _complete_on(
+        self, target: HostStream, stream: StreamId, fn: Callable[[], T]
+    ) -> HostCompletion[T]:
+        """Run ``fn`` on ``target`` after its queued work; fail with the error held for
+        the logical ``stream`` instead, if any (never another stream's)."""
         done: HostCompletion[T] = HostCompletion()
-
-        def run() -> None:
-            error = stream.take_error()
-            if error is not None:
-                done.set_error(error)
-                return
-            try:
-                done.set_result(fn())
-            except BaseException as exc:
-                done.set_error(exc)
-
-        stream.submit(run)
+        target.submit(completing(done, fn, self.held_errors, stream))
         return done
 
     # -- execution ------------------------------------------------------------------
@@ -222,19 +220,26 @@ class HostServer(SliceServer[_Bound]):
             {dt: sb.values() for dt, sb in bindings.scalars.items()} if bindings.scalars else {}
         )
         metadata = bindings.metadata.data
-        target = self._streams.resolve(stream, used).stream
         static = (count.x, count.y, count.z)
+        checked = mode is ExecutionMode.CHECKED
+        if checked and count_view is None:  # the GPU's limits, so no surprise on a GPU
+            check_launch(kernel.id, "host", static, HOST_LIMITS, kernel.cuda)
+        target = self._streams.resolve(stream, used).stream
 
         def run() -> None:
             # ``used`` keeps every binding (so every slice) alive until the kernel has run.
-            dims = _read_count(count_view) if count_view is not None else static
+            dims = static
+            if count_view is not None:
+                dims = read_count(count_view)
+                if checked:
+                    check_launch(kernel.id, "host", dims, HOST_LIMITS, kernel.cuda)
             fn(HostLaunch(views, scalars, metadata, dims, maps))
             used.clear()
 
         recorder = self.recorder
         if recorder.enabled:
-            run = _recorded(run, recorder, kernel.id, stream.value, "kernel", None)
-        target.submit(run)
+            run = recorded(run, recorder, kernel.id, stream.value, "kernel", None)
+        target.submit(guarded(run, self.held_errors, stream, f"kernel {kernel.id!r}"))
 
     def _count_view(self, binding: Binding) -> View:
         if binding.size < 12:
@@ -262,7 +267,7 @@ class HostServer(SliceServer[_Bound]):
                 event.wait()
 
         current.submit(wait_all)
-        return self._complete_on(current, lambda: None)
+        return self._complete_on(current, stream, lambda: None)
 
     # -- memory ---------------------------------------------------------------------
 
@@ -286,7 +291,7 @@ class HostServer(SliceServer[_Bound]):
         def wait() -> None:
             event.wait()
 
-        target.submit(_recorded(wait, self.recorder, f"wait {origin}", stream.value, "wait", None))
+        target.submit(recorded(wait, self.recorder, f"wait {origin}", stream.value, "wait", None))
 
     def memory_report(self, stream: StreamId) -> MemoryReport:
         """Usage, pages and peaks of each pool."""
@@ -353,7 +358,7 @@ class HostServer(SliceServer[_Bound]):
         """
         workers = self._streams.existing_streams()
         done: HostCompletion[None] = HostCompletion()
-        state = _CloseState(len(workers))
+        state = CloseState(len(workers))
         for worker in workers:
             worker.stop(functools.partial(self._worker_exited, worker, state, done))
         if not workers:
@@ -361,60 +366,19 @@ class HostServer(SliceServer[_Bound]):
         return done
 
     def _worker_exited(
-        self, worker: HostStream, state: _CloseState, done: HostCompletion[None]
+        self, worker: HostStream, state: CloseState, done: HostCompletion[None]
     ) -> None:
         if state.exited(worker.take_error()):
             self._finish_close(state, done)
 
-    def _finish_close(self, state: _CloseState, done: HostCompletion[None]) -> None:
+    def _finish_close(self, state: CloseState, done: HostCompletion[None]) -> None:
         self._table.close()
         self._memory.close()
-        if state.errors:
-            done.set_error(state.errors[0])
+        errors = state.errors + self.held_errors.drain()  # work nobody awaited
+        if errors:
+            first = errors[0]
+            for other in errors[1:]:
+                first.add_note(f"also unobserved at close: {type(other).__name__}: {other}")
+            done.set_error(first)
         else:
             done.set_result(None)
-
-
-class _CloseState:
-    """Counts workers still running at close and the errors they held."""
-
-    __slots__ = ("errors", "lock", "remaining")
-
-    def __init__(self, workers: int) -> None:
-        self.remaining = workers
-        self.errors: list[BaseException] = []
-        self.lock = threading.Lock()
-
-    def exited(self, error: BaseException | None) -> bool:
-        """Record one worker's exit; True for the last."""
-        with self.lock:
-            if error is not None:
-                self.errors.append(error)
-            self.remaining -= 1
-            return self.remaining == 0
-
-
-def _recorded(
-    fn: Callable[[], T],
-    recorder: KernelRecorder,
-    name: str,
-    stream: int,
-    kind: RecordKind,
-    nbytes: int | None,
-) -> Callable[[], T]:
-    """``fn`` wrapped to record when it was queued, started and ended."""
-    queued = time.perf_counter_ns()
-
-    def timed() -> T:
-        start = time.perf_counter_ns()
-        try:
-            return fn()
-        finally:
-            recorder.record(name, stream, kind, queued, start, time.perf_counter_ns(), nbytes)
-
-    return timed
-
-
-def _read_count(view: View) -> tuple[int, int, int]:
-    x, y, z = (int(v) for v in view[:12].view(np.uint32))
-    return x, y, z

@@ -208,8 +208,14 @@ class Tuner:
         fingerprint = device_fingerprint(client)
         cache = self._caches.get(fingerprint)
         if cache is None:
+            cache_dir = self._cache_dir
+            if cache_dir is None:
+                cache_dir = _from_code(client, "cache_dir")
+            persistent = self._persistent
+            if persistent is None:
+                persistent = _from_code(client, "cache")
             cache = self._caches[fingerprint] = TuneCache(
-                self.name, fingerprint, cache_dir=self._cache_dir, persistent=self._persistent
+                self.name, fingerprint, cache_dir=cache_dir, persistent=persistent
             )
         return cache
 
@@ -348,9 +354,12 @@ class Tuner:
             for _ in range(self.warmup):
                 await tunable(client, inputs)
             await client.sync()  # warm-up done, and its errors raised here
-            if self.samples is None:
-                self.samples = await asyncio.to_thread(configured_samples)
-            samples = [await _profiled(client, tunable, inputs) for _ in range(self.samples)]
+            count = self.samples
+            if count is None and (level := _from_code(client, "level")) is not None:
+                count = SAMPLES_BY_LEVEL[str(level.value)]  # open_client(config=...)
+            if count is None:
+                count = self.samples = await asyncio.to_thread(configured_samples)
+            samples = [await _profiled(client, tunable, inputs) for _ in range(count)]
         except Exception as exc:
             log.info(
                 "autotune %s: %s failed: %s: %s", self.name, tunable.name, type(exc).__name__, exc
@@ -403,6 +412,14 @@ def _mode(mode: TuneMode | str) -> TuneMode:
 
 SAMPLES_BY_LEVEL: Final = {"minimal": 3, "balanced": 10, "extensive": 25, "full": 50}
 """Profiled samples per tunable for each ``[autotune] level``."""
+
+
+def _from_code(client: ComputeClient, key: str) -> Any:
+    """``[autotune] key`` if the client was opened with it set in code, else None."""
+    config = getattr(client, "config", None)
+    if config is None or f"autotune.{key}" not in getattr(client, "config_from_code", ()):
+        return None
+    return getattr(config.autotune, key)
 
 
 def configured_samples() -> int:

@@ -1,0 +1,90 @@
+"""Closing the CUDA server: finish queued work, then free every resource in a thread
+of its own; after a sticky error, reset the device's primary context.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..host.worker import HostCompletion
+from .driver import cu, error_from
+from .state import ServerCore
+
+__all__ = ["LifecycleOps"]
+
+
+class LifecycleOps(ServerCore):
+    """``close`` and the teardown behind it."""
+
+    # -- shutdown -------------------------------------------------------------------
+
+    def close(self) -> HostCompletion[None]:
+        """Finish queued work, then free every resource, in a thread of its own (freeing
+        pinned and device memory takes milliseconds). After a sticky error, nothing is
+        waited for, and the primary context is reset so that a new client can use the
+        device; that destroys everything in it, CuPy's or PyTorch's memory included."""
+        done: HostCompletion[None] = HostCompletion()
+        if self.closed:
+            done.set_result(None)
+            return done
+        self.closed = True
+        events: list[Any] = []
+        if self.sticky is None:
+            try:
+                events = self._streams.flush_all()
+            except Exception as exc:
+                self._note_error(exc)
+        threading.Thread(
+            target=self._close_in_thread, args=(events, done), name="asynccube-close", daemon=True
+        ).start()
+        return done
+
+    def _close_in_thread(self, events: list[Any], done: HostCompletion[None]) -> None:
+        try:
+            self._ctx.make_current()
+            sync = cu().cuEventSynchronize
+            for event in events:
+                (err,) = sync(event)
+                if err:
+                    self._note_error(error_from(err, "cuEventSynchronize(close)"))
+                    break
+            if self._janitor is not None:
+                self._janitor.shutdown(wait=True)
+            self._teardown(reset=self.sticky is not None)
+        except BaseException as exc:
+            done.set_error(exc)
+            return
+        done.set_result(None)
+
+    def _teardown(self, reset: bool) -> None:
+        d = cu()
+        self._ctx.make_current()
+        steps: list[Callable[[], object]] = [
+            self._retirer.clear,
+            self._table.close,
+            self._memory.close,
+            self._storage.close,
+            self._pinned.close,
+            self._events.close,
+            self._timing.close,
+        ]
+        if self._notifier is not None:
+            steps.append(self._notifier.close)
+        steps += [_bind(d.cuModuleUnload, k.module) for k in self._kernels.values()]
+        steps += [_bind(d.cuStreamDestroy, st) for st in self._backend.created]
+        if reset:
+            steps.append(lambda: d.cuDevicePrimaryCtxReset(self._ctx.device))
+        steps.append(self._ctx.close)
+        for step in steps:
+            try:
+                step()
+            except Exception:  # a broken context fails most frees: nothing to do about it
+                if not reset:
+                    raise
+        self._kernels.clear()
+
+
+def _bind(fn: Callable[[Any], object], arg: Any) -> Callable[[], object]:
+    return lambda: fn(arg)

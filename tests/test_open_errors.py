@@ -1,0 +1,46 @@
+"""Every failure to open a device is a DeviceError saying what is missing and what to
+do (issue 10, finding 2)."""
+
+from __future__ import annotations
+
+import pytest
+
+import asynccube as ac
+from asynccube._core import devices
+from asynccube._core.cuda import server as cuda_server
+from asynccube._core.errors import CudaDriverError
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.mark.skipif(devices.probe_gpus().usable, reason="a GPU is usable here")
+async def test_cuda_without_a_driver_is_a_device_error() -> None:
+    with pytest.raises(ac.DeviceError, match="cannot open cuda:0") as info:
+        async with ac.open_client("cuda:0"):
+            pass  # pragma: no cover
+    message = str(info.value)
+    assert "open_client('host')" in message and "python -m asynccube info" in message
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+async def test_a_missing_cuda_module_is_a_device_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken(*args: object) -> None:
+        raise ImportError("No module named 'cuda.bindings'")
+
+    monkeypatch.setattr(cuda_server, "open_cuda_server", broken)
+    monkeypatch.setattr(devices, "probe_gpus", lambda: devices.GpuProbe(False, "no driver"))
+    with pytest.raises(ac.DeviceError, match=r"no driver.*ImportError.*open_client\('host'\)"):
+        await ac.connect("cuda")
+
+
+async def test_a_gpu_index_not_present_names_the_gpus_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def invalid(*args: object) -> None:
+        raise CudaDriverError(101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal")
+
+    found = devices.GpuProbe(True, "", ["cuda:0  NVIDIA H100"])
+    monkeypatch.setattr(cuda_server, "open_cuda_server", invalid)
+    monkeypatch.setattr(devices, "probe_gpus", lambda: found)
+    with pytest.raises(ac.DeviceError, match=r"no GPU cuda:3 \(found: cuda:0  NVIDIA H100\)"):
+        await ac.connect("cuda:3")
