@@ -286,3 +286,12 @@ async def test_large_writes_are_snapshotted_into_pinned_memory(gpu: ac.ComputeCl
     (out,) = await gpu.read([h])
     assert np.array_equal(np.frombuffer(out, np.uint8), expected)
     assert gpu.server.snapshot(b"x" * size) is None  # type: ignore[attr-defined]
+
+
+async def test_small_reads_reuse_their_pinned_buffers(gpu: ac.ComputeClient) -> None:
+    handles = [gpu.create(bytes([i]) * 1024) for i in range(6)]
+    for _ in range(3):
+        for i, h in enumerate(handles):
+            assert await gpu.read([h]) == [bytes([i]) * 1024]
+    kept = gpu.server._small_reads  # type: ignore[attr-defined]
+    assert 1 <= len(kept[1024]) <= 4

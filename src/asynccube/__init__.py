@@ -90,8 +90,7 @@ from ._core.types import (
     ProfilingToken,
     TimingMethod,
 )
-
-__version__ = "0.1.0.dev0"
+from ._core.version import __version__
 
 __all__ = [
     "SCALAR_DTYPES",

@@ -4,6 +4,21 @@
 :meth:`ClientCore._execute` through the channel (:mod:`.channel`), which runs it on the
 actor: it prepares (compiles) in a worker thread if needed, then fires the server's
 ``execute``.
+
+The routes of the main commands on CUDA, hop by hop (a hop in brackets is the carrier,
+the channel, that takes the command on; ``tests/test_routes.py`` checks each name)::
+
+    route: client_core.ClientCore.execute -> [channel.Channel.send]
+        -> client_core.ClientCore._execute -> [channel.Channel.fire]
+        -> cuda.launch.LaunchOps.execute -> driver:cuLaunchKernel
+    route: client_core.ClientCore.read -> [channel.Channel.request]
+        -> client_core.ClientCore._read -> [channel.Channel.await_completion]
+        -> cuda.transfers.TransferOps.read -> cuda.copies.issue_copy
+        -> driver:cuMemcpyDtoHAsync
+    route: client_core.ClientCore.sync -> [client_core.ClientCore._request]
+        -> cuda.server.CudaServer.sync -> stream.multi.MultiStream.flush_all
+        -> cuda.streams.CudaBackend.flush -> cuda.completion.EventPool.record
+        -> driver:cuEventRecord
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from .config_schema import (
     format_value,
 )
 from .errors import ConfigError
+from .html import html_table
 
 __all__ = [
     "CODE_SOURCE",
@@ -89,9 +90,9 @@ class EffectiveConfig:
         return format_config(self)
 
     def _repr_html_(self) -> str:
-        from .display import config_html
-
-        return config_html(self)
+        rows = [(f"{s}.{k}", format_value(v), src) for s, k, v, src in self.items()]
+        caption = f"asynccube configuration ({self.file or 'no config file'})"
+        return html_table(("key", "value", "source"), rows, caption=caption, numeric_from=99)
 
 
 def load_config(

@@ -28,6 +28,7 @@ from typing import Final, Generic, Literal, TypeVar
 
 from .config import ProfilingConfig, ProfilingLevel
 from .errors import InvalidArgument, ProfileError
+from .html import html_table
 from .types import ProfileDuration, ProfilingToken, TimingMethod
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "ProfileSummary",
     "RecordKind",
     "format_ns",
+    "profile_summary_html",
 ]
 
 P = TypeVar("P")
@@ -357,9 +359,13 @@ class ProfileSummary:
         return "\n".join(_text_row(r, widths) for r in rows)
 
     def _repr_html_(self) -> str:
-        from .display import profile_summary_html
-
         return profile_summary_html(self)
+
+
+def profile_summary_html(summary: ProfileSummary, *, title: str = "Profile summary") -> str:
+    """One row per name: count, total, mean, min and max, largest total first."""
+    header = ("name", "count", "total", "mean", "min", "max")
+    return html_table(header, [_stats_row(s) for s in summary], caption=title)
 
 
 def _stats_row(s: ProfileStats) -> tuple[str, ...]:

@@ -19,12 +19,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from .html import html_table
 from .profiling import KernelRecord, format_ns
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-__all__ = ["Timeline", "chrome_trace", "device_pid", "write_chrome_trace"]
+__all__ = ["Timeline", "chrome_trace", "device_pid", "timeline_html", "write_chrome_trace"]
 
 KIND_COLORS: Final = {"kernel": "#4C72B0", "copy": "#DD8452", "wait": "#8C8C8C"}
 """Colour of each record kind in plots."""
@@ -195,8 +196,6 @@ class Timeline:
         try:
             return {"image/png": self._png(), "text/plain": repr(self)}
         except ImportError:
-            from .display import timeline_html
-
             return {"text/html": timeline_html(self), "text/plain": repr(self)}
 
     def _png(self) -> bytes:
@@ -226,3 +225,20 @@ def _draw(timeline: Timeline, ax: Axes) -> None:
     ax.set_title(f"{timeline.device}: {len(timeline.records)} records")
     handles = [Patch(color=c, label=k) for k, c in KIND_COLORS.items()]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+
+
+def timeline_html(timeline: Timeline) -> str:
+    """Per stream: records by kind, busy time and span (the plot's text fallback)."""
+    rows = []
+    for stream in timeline.streams:
+        recs = [r for r in timeline.records if r.stream == stream]
+        kinds = {k: sum(r.kind == k for r in recs) for k in ("kernel", "copy", "wait")}
+        busy = timeline.busy_ns(stream)
+        span = max(r.end_ns for r in recs) - min(r.start_ns for r in recs)
+        rows.append((f"stream {stream}", *kinds.values(), format_ns(busy), format_ns(span)))
+    caption = (
+        f"Timeline of {timeline.device}: {len(timeline.records)} records over "
+        f"{format_ns(timeline.span_ns)} (install matplotlib for a plot)"
+    )
+    header = ("stream", "kernels", "copies", "waits", "busy", "span")
+    return html_table(header, rows, caption=caption)

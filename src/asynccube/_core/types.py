@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from .errors import InvalidArgument
+from .html import fmt_bytes as _fmt_bytes
+from .html import memory_usage_html
 from .slices import ReleaseQueue, SliceHandle
 from .stream_id import StreamId
 
@@ -300,8 +302,6 @@ class MemoryUsage:
         )
 
     def _repr_html_(self) -> str:
-        from .display import memory_usage_html
-
         return memory_usage_html(self)
 
     def __str__(self) -> str:
@@ -310,15 +310,6 @@ class MemoryUsage:
             f"{_fmt_bytes(self.bytes_padding)} padding, "
             f"{_fmt_bytes(self.bytes_reserved)} reserved"
         )
-
-
-def _fmt_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 def _sole_refs() -> int:

@@ -6,7 +6,10 @@
  * a GPU client opens. Mechanism only: every function takes plain integers (handles,
  * addresses) or buffers, returns the driver's CUresult as an int, and never decides
  * order, lifetime or errors. Bad arguments raise InvalidArgument (asynccube's, a
- * ValueError) or TypeError; nothing here may crash the interpreter on bad input.
+ * ValueError): wrong types, out-of-range integers, argument blocks and values of the
+ * wrong size. What cannot be checked without the driver's own bookkeeping is trusted,
+ * as in cuda.bindings: driver handles and raw host/device addresses must come from the
+ * driver (the server passes only its own).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

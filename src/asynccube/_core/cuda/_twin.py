@@ -20,20 +20,10 @@ from ..errors import InvalidArgument
 from .driver import cu
 
 __all__ = [
-    "PackState",
-    "address",
-    "copy_into",
-    "driver_open",
-    "event_query",
-    "event_record",
-    "is_pinned",
-    "launch",
-    "memcpy_async",
-    "notify_close",
-    "open_driver",
-    "param_sizes",
+    "PackState", "address", "copy_into", "driver_open", "event_query", "event_record",
+    "is_pinned", "launch", "memcpy_async", "notify_close", "open_driver", "param_sizes",
     "stream_wait_event",
-]
+]  # fmt: skip
 
 _BIG: Final = 1 << 20
 _SPLIT: Final = 16 << 20

@@ -299,8 +299,12 @@ class ArgPacker:
         if not groups:
             scalars: list[ScalarBinding] = []
             skey: tuple[tuple[int, int], ...] = ()
+        elif len(groups) == 1:
+            scalars = list(groups.values())
+            only = scalars[0]
+            skey = ((only.ty.num, only.length),)
         else:
-            scalars = bindings.ordered_scalars() if len(groups) > 1 else list(groups.values())
+            scalars = bindings.ordered_scalars()
             skey = tuple([(s.ty.num, s.length) for s in scalars])
         key = (len(bindings.buffers), len(bindings.tensor_maps), skey, bindings.metadata.data.size)
         pack = self._packs.get(key)

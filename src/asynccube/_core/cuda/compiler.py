@@ -30,6 +30,7 @@ from typing import Any, Final
 from ..errors import CompilationError
 from ..kernel import CudaSource
 from .abi import PRELUDE
+from .arch import arch_for
 
 __all__ = [
     "CompiledKernel",
@@ -44,16 +45,8 @@ log = logging.getLogger("asynccube.compilation")
 
 _MAGIC: Final = b"ACCUBIN1"
 _HEADER: Final = struct.Struct("<8sQ32sH")  # magic, payload size, payload sha256, name len
-_ARCH_SPECIFIC: Final = frozenset({(9, 0), (10, 0), (10, 3), (11, 0), (12, 0), (12, 1)})
 _KEY_VERSION: Final = b"asynccube-cubin-1"
 _VIRTUAL_HEADER: Final = "asynccube.h"
-
-
-def arch_for(cc: tuple[int, int]) -> str:
-    """The NVRTC ``-arch`` for compute capability ``cc``: ``sm_XY``, or ``sm_XYa``
-    where the architecture has arch-specific features (9.0, 10.0, ...)."""
-    major, minor = cc
-    return f"sm_{major}{minor}{'a' if (major, minor) in _ARCH_SPECIFIC else ''}"
 
 
 def default_cache_dir() -> Path:

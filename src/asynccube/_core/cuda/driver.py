@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from ..errors import CudaDriverError
 from ..server import DeviceProperties
+from .arch import arch_for
 
 __all__ = [
     "ALIGNMENT",
@@ -196,8 +197,6 @@ def device_properties(ordinal: int = 0) -> DeviceProperties:
     ``total_memory``, ``max_block_dim``/``max_grid_dim`` (x, y, z), the entries of
     ``_INT_ATTRS`` and ``driver_version``.
     """
-    from .compiler import arch_for
-
     d = cu()
     check(d.cuInit(0), "cuInit")
     dev = check(d.cuDeviceGet(ordinal), "cuDeviceGet")

@@ -11,7 +11,9 @@ pure-Python twin (:mod:`._twin`), which have the same functions and the same beh
 
 The module holds mechanism, not policy: the server calls it with driver handles (or
 their integer values), addresses and pre-packed argument blocks; each call returns the
-driver's ``CUresult`` and the server decides what an error means. Neither variant runs
+driver's ``CUresult`` and the server decides what an error means. Types, integer ranges
+and the sizes of argument blocks and values are checked (``InvalidArgument``); driver
+handles and raw addresses are trusted, as in cuda.bindings. Neither variant runs
 Python in a driver thread: completions are signalled by a C host function (libc's
 ``close`` in the twin, a C function in the compiled module) closing a pipe's write end.
 """

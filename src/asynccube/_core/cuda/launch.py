@@ -45,6 +45,8 @@ class LaunchOps(ProfileOps):
         do): compiling and loading a kernel not seen yet, and, given a dynamic ``count``
         and its ``stream``, waiting for the count to be read back. Never raises: errors
         surface from the job or from ``execute``."""
+        if kernel.id in self._kernels and (count is None or count.binding is None):
+            return None  # the usual case: loaded, static count
         jobs: list[Callable[[], object]] = []
         if kernel.cuda is not None and kernel.id not in self._kernels:
             jobs.append(lambda: self._load(kernel))
@@ -118,8 +120,7 @@ class LaunchOps(ProfileOps):
             if kernel.cuda is None:
                 kernel.cuda_part(self.device)  # raises KernelNotSupported
             loaded = self._load(kernel)
-        ptr = self._ptr
-        pointers = [ptr(b) for b in bindings.buffers]
+        pointers = self._pointers(bindings.buffers)
         maps = [self._encode(t) for t in bindings.tensor_maps] if bindings.tensor_maps else ()
         pack, scalars = self._packer.get(bindings)
         if pack not in loaded.checked:

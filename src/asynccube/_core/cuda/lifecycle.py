@@ -58,11 +58,18 @@ class LifecycleOps(ServerCore):
             return
         done.set_result(None)
 
+    def _release_small_reads(self) -> None:
+        for kept in self._small_reads.values():
+            for buf in kept:
+                buf.release()
+        self._small_reads.clear()
+
     def _teardown(self, reset: bool) -> None:
         d = cu()
         self._ctx.make_current()
         steps: list[Callable[[], object]] = [
             self._retirer.clear,
+            self._release_small_reads,
             self._table.close,
             self._memory.close,
             self._storage.close,

@@ -129,6 +129,7 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps):
         self._launch = hot.launch
         self._janitor: ThreadPoolExecutor | None = None
         self._staged_reads: dict[int, PinnedBuffer] = {}
+        self._small_reads: dict[int, list[PinnedBuffer]] = {}
         self._created_at: dict[int, tuple[StreamId, int]] = {}
         self._profiles: dict[int, Any] = {}
         self._tokens = itertools.count(1)
@@ -156,12 +157,11 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps):
     def end_batch(self) -> None:
         """Record the events that release what this batch dropped; release what the
         device has passed."""
-        self._retirer.seal()
-        self._retirer.poll()
+        self._collect()
 
     def sync(self, stream: StreamId) -> CudaCompletion[None]:
         """Completes when every stream has finished the work queued so far."""
-        self._retirer.seal()
+        self._collect()
         events = self._streams.flush_all()
         current = self._streams.streams.get(stream).stream
         return self._completion(events, current, None)
@@ -170,15 +170,13 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps):
 
     def memory_usage(self, stream: StreamId) -> MemoryUsage:
         """Current memory usage."""
-        self._retirer.seal()
-        self._release_dropped()
+        self._collect()
         return self._memory.memory_usage()
 
     def memory_cleanup(self, stream: StreamId) -> None:
         """Release pages nothing uses; the pools' cached memory is handed back to the
         driver by a helper thread (that takes milliseconds)."""
-        self._retirer.seal()
-        self._release_dropped()
+        self._collect()
         self._memory.cleanup(True)
         if self._janitor is None:
             self._janitor = ThreadPoolExecutor(1, thread_name_prefix="asynccube-janitor")
@@ -195,8 +193,7 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps):
 
     def memory_report(self, stream: StreamId) -> MemoryReport:
         """Usage, pages and peaks of each device memory pool."""
-        self._retirer.seal()
-        self._release_dropped()
+        self._collect()
         return self._memory.report()
 
 

@@ -83,6 +83,7 @@ class ServerCore(SliceServer[SliceHandle]):
     _launch: Any
     _janitor: ThreadPoolExecutor | None
     _staged_reads: dict[int, PinnedBuffer]
+    _small_reads: dict[int, list[PinnedBuffer]]
     _created_at: dict[int, tuple[StreamId, int]]
     _profiles: dict[int, Any]
     _tokens: itertools.count[int]
@@ -135,6 +136,13 @@ class ServerCore(SliceServer[SliceHandle]):
         self._table.drain(self._forget)
         self._retirer.poll()
 
+    def _collect(self) -> None:
+        """Park the slices of every handle dropped so far, record the events after their
+        last uses, and release what the device has passed (nothing waits)."""
+        self._table.drain(self._forget)
+        self._retirer.seal()
+        self._retirer.poll()
+
     def _forget(self, handle_id: int, memory: SliceHandle) -> None:
         self._addresses.pop(handle_id, None)
         last = self._streams.last_use.pop(handle_id, None)
@@ -155,6 +163,25 @@ class ServerCore(SliceServer[SliceHandle]):
         if not 0 <= start <= end <= length:
             return self._ptr_slow(binding)  # raises, naming the range
         return base + start
+
+    def _pointers(self, bindings: list[Binding]) -> list[int]:
+        """:meth:`_ptr` of each binding, in one loop (a launch's buffers)."""
+        addresses = self._addresses
+        queue = self._table.queue
+        out = []
+        for b in bindings:
+            token = b.memory
+            entry = addresses.get(token.id)
+            start = b.offset_start or 0
+            if (
+                entry is not None
+                and token.queue is queue
+                and 0 <= start <= b.buffer_size - (b.offset_end or 0) <= entry[1]
+            ):
+                out.append(entry[0] + start)
+            else:
+                out.append(self._ptr(b))
+        return out
 
     def _ptr_slow(self, binding: Binding) -> int:
         memory = self._table.get(binding)  # raises InvalidHandle for foreign/freed handles

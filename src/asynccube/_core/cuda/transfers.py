@@ -34,6 +34,8 @@ COPY_SPLIT: Final = 1 << 20
 SNAPSHOT_BYTES: Final = 4 << 20
 """Client data of at least this many bytes is snapshotted into pinned memory when a free
 buffer of its size exists (:meth:`TransferOps.snapshot`)."""
+SMALL_READ: Final = 64 << 10
+"""Reads up to this many bytes reuse pinned buffers the server keeps per size."""
 COPY_THREADS: Final = max(1, min(8, os.cpu_count() or 1))
 """Threads a large host copy is split over."""
 
@@ -150,8 +152,10 @@ class TransferOps(ProfileOps):
             return None
         ptr = self._ptr(binding)
         resolved = self._streams.resolve(stream, [binding])
-        buf = self._staged_reads.pop(nbytes, None) or self._pinned.take(nbytes)
         cu_stream = resolved.stream
+        if nbytes <= SMALL_READ:
+            return self._read_small(ptr, nbytes, stream, cu_stream)
+        buf = self._staged_reads.pop(nbytes, None) or self._pinned.take(nbytes)
         err = hot.memcpy_async(False, ptr, buf.ptr, nbytes, cu_stream)
         if err:
             buf.release()
@@ -160,12 +164,40 @@ class TransferOps(ProfileOps):
         big = nbytes >= self._zero_copy
         return self._complete(stream, [cu_stream], lambda: _unstage(buf, spans, big))
 
+    def _read_small(
+        self, ptr: int, nbytes: int, stream: StreamId, cu_stream: Any
+    ) -> CudaCompletion[list[Any]]:
+        """A small read through a pinned buffer the server keeps for reads of that size
+        (taken and put back on the loop thread, without the pool's lock)."""
+        spare = self._small_reads.get(nbytes)
+        buf = spare.pop() if spare else self._pinned.take(nbytes)
+        err = hot.memcpy_async(False, ptr, buf.ptr, nbytes, cu_stream)
+        if err:
+            buf.release()
+            raise error_from(err, "cuMemcpyDtoHAsync")
+
+        def finish() -> list[Any]:
+            out = [ctypes.string_at(buf.ptr, nbytes)]
+            kept = self._small_reads.get(nbytes)
+            if kept is None and len(self._small_reads) < 32:
+                kept = self._small_reads[nbytes] = []
+            if kept is not None and len(kept) < 4 and not self.closed:
+                kept.append(buf)
+            else:
+                buf.release()
+            return out
+
+        return self._complete(stream, [cu_stream], finish)
+
     def prepare_read(
         self, descriptors: Sequence[CopyDescriptor], stream: StreamId
     ) -> Callable[[], None] | None:
         """A job for a worker thread that allocates the pinned buffer of a large read
         when none of its size is free (None: nothing to do). Never raises."""
-        size = sum(_desc_nbytes(d) for d in descriptors)
+        if len(descriptors) == 1:
+            size = _desc_nbytes(descriptors[0])
+        else:
+            size = sum(_desc_nbytes(d) for d in descriptors)
         if size <= self._pinned.small_limit or size in self._staged_reads:
             return None
         buf = self._pinned.try_take(size)

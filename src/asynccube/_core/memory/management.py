@@ -49,6 +49,10 @@ Failures
     raises ``OutOfMemory`` naming the size requested and the bytes reserved. Neither
     failure disturbs any live slice. Unknown, freed, foreign or closed handles raise
     ``InvalidHandle``.
+
+Where the code is
+    This module holds the manager; :mod:`.report` its report, :mod:`.routing` how pools
+    are built and chosen, :mod:`.pools` the pools themselves.
 """
 
 from __future__ import annotations
@@ -59,13 +63,14 @@ import operator
 from bisect import bisect_left
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
 
 from ..errors import BufferTooBig, InvalidArgument, InvalidHandle, OutOfMemory
 from ..types import MemoryAllocationMode, MemoryUsage
-from .config import DEFAULT_MAX_ALLOCATION, ExclusivePages, MemoryConfig, PoolOptions
-from .pools import ExclusivePool, PersistentPool, Pool, PoolReport, Slice, SlicedPool
+from .config import DEFAULT_MAX_ALLOCATION, MemoryConfig
+from .pools import PersistentPool, Pool, Slice
+from .report import MemoryReport
+from .routing import build_pool, routing, tick_period
 from .slice import ReleaseQueue, SliceHandle
 from .storage import ComputeStorage, StorageHandle, StorageOutOfMemory
 
@@ -74,54 +79,6 @@ __all__ = ["MemoryManagement", "MemoryReport"]
 R = TypeVar("R")
 
 logger = logging.getLogger("asynccube.memory")
-
-_TICK: Final = 1024
-"""Allocation calls between two periodic cleanups at most."""
-
-
-def _pool_label(pool: PoolReport) -> str:
-    page = f", pages of {pool.page_size} B" if pool.page_size else ""
-    pages = f"{pool.pages} pages, peak {pool.pages_peak}"
-    return f"{pool.kind} <= {pool.max_alloc_size} B{page} ({pages})"
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryReport:
-    """A manager's state, pool by pool.
-
-    Attributes:
-        pools: The dynamic pools, in routing order.
-        persistent: The persistent pool.
-        alloc_calls: ``reserve`` calls so far.
-    """
-
-    pools: tuple[PoolReport, ...]
-    persistent: PoolReport
-    alloc_calls: int
-
-    @property
-    def usage(self) -> MemoryUsage:
-        """The usage summed over every pool."""
-        total = self.persistent.usage
-        for pool in self.pools:
-            total = total.combine(pool.usage)
-        return total
-
-    def _repr_html_(self) -> str:
-        from ..display import memory_report_html
-
-        rows = [(_pool_label(p), p.usage) for p in (*self.pools, self.persistent)]
-        return memory_report_html(rows, title=f"Memory after {self.alloc_calls} allocations")
-
-    def __str__(self) -> str:
-        lines = [f"memory: {self.usage} after {self.alloc_calls} allocation calls"]
-        for p in (*self.pools, self.persistent):
-            page = f", page {p.page_size}" if p.page_size else ""
-            lines.append(
-                f"  {p.kind} <= {p.max_alloc_size}{page}: {p.usage}; pages {p.pages} "
-                f"(peak {p.pages_peak}), largest {p.largest_allocation}"
-            )
-        return "\n".join(lines)
 
 
 class MemoryManagement(Generic[R]):
@@ -152,7 +109,7 @@ class MemoryManagement(Generic[R]):
         self._slices: dict[int, Slice] = {}
         ids = itertools.count(1)
         self.pools: list[Pool] = [
-            _build_pool(o, self.alignment, self._slices, ids)
+            build_pool(o, self.alignment, self._slices, ids)
             for o in config.pool_options(self.alignment, self._limit())
         ]
         self.max_allocation: int = min(self._limit(), max(p.max_alloc_size for p in self.pools))
@@ -160,13 +117,13 @@ class MemoryManagement(Generic[R]):
         self.persistent_pool = PersistentPool(
             self.max_allocation, self.alignment, self._slices, ids
         )
-        self._limits, self._routes = _routing(self.pools)
+        self._limits, self._routes = routing(self.pools)
         self._first_limit, self._first_pool = self._limits[0], self._routes[0]
         self._alloc_calls = 0
         self._persistent_depth = 0
         self._use_persistent = config.persistent_size_match
         self._cache_ratio = config.cache_ratio
-        self._tick = _tick_period(self.pools)
+        self._tick = tick_period(self.pools)
         self._next_check = self._tick
         self.closed = False
 
@@ -415,37 +372,3 @@ class MemoryManagement(Generic[R]):
         self._pending.clear()
         for pool in self._all_pools():
             pool.release_all(self.storage)
-
-
-def _build_pool(
-    options: PoolOptions, alignment: int, registry: dict[int, Slice], ids: Iterator[int]
-) -> Pool:
-    if isinstance(options, ExclusivePages):
-        return ExclusivePool(
-            options.max_alloc_size,
-            alignment,
-            options.dealloc_period,
-            options.size_classes,
-            options.max_waste,
-            registry,
-            ids,
-        )
-    return SlicedPool(options.page_size, options.max_slice_size, alignment, registry, ids)
-
-
-def _routing(pools: list[Pool]) -> tuple[list[int], list[Pool]]:
-    """Ascending limits and their pools: the first pool (in order) accepting a size is
-    the one at ``bisect_left(limits, size)``, as only a pool accepting more than every
-    pool before it can be first for some size."""
-    limits: list[int] = []
-    routes: list[Pool] = []
-    for pool in pools:
-        if not limits or pool.max_alloc_size > limits[-1]:
-            limits.append(pool.max_alloc_size)
-            routes.append(pool)
-    return limits, routes
-
-
-def _tick_period(pools: list[Pool]) -> int:
-    periods = [p.check_period for p in pools if isinstance(p, ExclusivePool) and p.check_period]
-    return min([*periods, _TICK])

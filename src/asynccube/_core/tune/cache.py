@@ -8,6 +8,9 @@ holding, per key, the tunable set's checksum, the fastest implementation and eve
 outcome (timings, or the error of an implementation that failed). A stored result is
 used only when its checksum matches the tunable set's; otherwise the key is retuned.
 
+Where the code is: this module keeps the cache and where its file lives;
+:mod:`.outcome` the outcomes and results, :mod:`.store` reading and writing the file.
+
 Robustness: a file that cannot be read or parsed, or an entry that is malformed, is
 reported once on the ``asynccube.autotune`` logger (WARNING) and treated as absent (the
 key is tuned afresh, and the next write replaces the file): never an exception.
@@ -20,30 +23,21 @@ access runs in a worker thread, never on the event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import re
-import statistics
-import tempfile
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import AutotuneError, ConfigError
 from ..logging import area_logger
+from ..version import __version__
 from .key import AutotuneKey
+from .outcome import AutotuneOutcome, TuneResult
+from .store import _merge_entry as _merge_entry
+from .store import _read_entries as _read_entries
 
 if TYPE_CHECKING:
     from ..client import ComputeClient
-
-fcntl: Any
-try:  # POSIX; elsewhere writes are still atomic, but concurrent merges may lose one
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
 
 __all__ = ["AutotuneOutcome", "TuneCache", "TuneResult", "device_fingerprint"]
 
@@ -51,156 +45,6 @@ log = area_logger("autotune")
 
 FILE_FORMAT: Final = 1
 """Version of the on-disk layout; a file of another format is ignored (and replaced)."""
-
-
-# -- outcomes and results -------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class AutotuneOutcome:
-    """How one implementation did for one key (cubecl's ``AutotuneOutcome``).
-
-    Attributes:
-        name: The implementation's name.
-        index: Its index in the tunable set.
-        median_ns: Median of the samples (None if it failed).
-        mean_ns: Mean of the samples.
-        min_ns: Fastest sample.
-        max_ns: Slowest sample.
-        samples_ns: Every profiled sample, in nanoseconds.
-        error: ``"ErrorType: message"`` if it failed, else None.
-    """
-
-    name: str
-    index: int
-    median_ns: int | None = None
-    mean_ns: int | None = None
-    min_ns: int | None = None
-    max_ns: int | None = None
-    samples_ns: tuple[int, ...] = ()
-    error: str | None = None
-
-    @classmethod
-    def from_samples(cls, name: str, index: int, samples_ns: Sequence[int]) -> AutotuneOutcome:
-        """The outcome of a successful benchmark."""
-        if not samples_ns:
-            raise AutotuneError(f"tunable {name!r}: a benchmark needs at least one sample")
-        samples = tuple(int(s) for s in samples_ns)
-        return cls(
-            name,
-            index,
-            median_ns=int(statistics.median(samples)),
-            mean_ns=int(statistics.fmean(samples)),
-            min_ns=min(samples),
-            max_ns=max(samples),
-            samples_ns=samples,
-        )
-
-    @classmethod
-    def failed(cls, name: str, index: int, error: BaseException | str) -> AutotuneOutcome:
-        """The outcome of an implementation that raised ``error``."""
-        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        return cls(name, index, error=text)
-
-    @property
-    def ok(self) -> bool:
-        """True if the implementation ran."""
-        return self.error is None
-
-    @property
-    def sort_key(self) -> float:
-        """Median seconds, infinite for failures (for ranking)."""
-        return float("inf") if self.median_ns is None else self.median_ns / 1e9
-
-    def __str__(self) -> str:
-        if self.error is not None:
-            return f"{self.name} [{self.index}]: failed: {self.error}"
-        return (
-            f"{self.name} [{self.index}]: median {_ms(self.median_ns)} "
-            f"(min {_ms(self.min_ns)}, max {_ms(self.max_ns)}, n={len(self.samples_ns)})"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict (failures keep only name, index and error)."""
-        if self.error is not None:
-            return {"name": self.name, "index": self.index, "error": self.error}
-        return {
-            "name": self.name,
-            "index": self.index,
-            "median_ns": self.median_ns,
-            "mean_ns": self.mean_ns,
-            "min_ns": self.min_ns,
-            "max_ns": self.max_ns,
-            "samples_ns": list(self.samples_ns),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> AutotuneOutcome:
-        """Inverse of :meth:`to_dict` (raises ValueError/TypeError/KeyError if malformed)."""
-        name, index = str(data["name"]), _int(data["index"])
-        if data.get("error") is not None:
-            return cls(name, index, error=str(data["error"]))
-        out = cls.from_samples(name, index, [_int(s) for s in data["samples_ns"]])
-        if _int(data["median_ns"]) != out.median_ns:
-            raise ValueError("median_ns does not match samples_ns")
-        return out
-
-
-def _ms(ns: int | None) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.3f} ms"
-
-
-def _int(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an int, got {value!r}")
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class TuneResult:
-    """The result of tuning one key.
-
-    Attributes:
-        fastest_index: Index of the implementation to use.
-        fastest_name: Its name.
-        checksum: The tunable set's checksum when it was tuned.
-        outcomes: Every implementation's outcome, fastest first (empty when the set had
-            a single implementation, which is used without benchmarking).
-        source: ``"tuned"`` (this process), ``"disk"`` (read from the cache file) or
-            ``"single"`` (one implementation, nothing to tune).
-    """
-
-    fastest_index: int
-    fastest_name: str
-    checksum: str
-    outcomes: tuple[AutotuneOutcome, ...] = ()
-    source: str = field(default="tuned", compare=False)
-
-    def to_dict(self, key: AutotuneKey) -> dict[str, Any]:
-        """The on-disk record of this result for ``key``."""
-        return {
-            "key": key.to_dict(),
-            "key_type": type(key).__qualname__,
-            "checksum": self.checksum,
-            "fastest_index": self.fastest_index,
-            "fastest_name": self.fastest_name,
-            "outcomes": [o.to_dict() for o in self.outcomes],
-            "tuned_at": time.time(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TuneResult:
-        """Inverse of :meth:`to_dict` (raises ValueError/TypeError/KeyError if malformed)."""
-        outcomes = tuple(AutotuneOutcome.from_dict(o) for o in data["outcomes"])
-        return cls(
-            _int(data["fastest_index"]),
-            str(data["fastest_name"]),
-            str(data["checksum"]),
-            outcomes,
-            source="disk",
-        )
-
-
 # -- where the file lives -------------------------------------------------------------
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -215,12 +59,6 @@ def device_fingerprint(client: ComputeClient) -> str:
     """What results are namespaced by: the device string and the device's name
     (``"cuda:0 NVIDIA H100 80GB HBM3"``, ``"host numpy host server"``)."""
     return f"{client.device} {client.properties.name}"
-
-
-def _asynccube_version() -> str:
-    from ... import __version__
-
-    return __version__
 
 
 def _config_cache() -> tuple[bool, Path]:
@@ -358,7 +196,7 @@ class TuneCache:
             persistent = cfg_persistent if persistent is None else persistent
             root = root or cfg_root
         if persistent and root is not None:
-            device_dir = root / _slug(_asynccube_version()) / _slug(self.device)
+            device_dir = root / _slug(__version__) / _slug(self.device)
             self._path = device_dir / f"{_slug(self.name)}.json"
         self._resolved = True
 
@@ -438,83 +276,3 @@ class TuneCache:
             )
             return False
         return True
-
-
-# -- the file -------------------------------------------------------------------------
-
-
-def _read_entries(path: Path, device: str, tuner: str) -> dict[str, Any]:
-    """The entries of the cache file; {} (with a warning) if unreadable or corrupt."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        log.warning("autotune cache %s is unreadable (%s); tuning afresh", path, exc)
-        return {}
-    return _parse_file(raw, path, device, tuner)
-
-
-def _parse_file(raw: bytes, path: Path, device: str, tuner: str) -> dict[str, Any]:
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        log.warning("autotune cache %s is corrupt (%s); tuning afresh", path, exc)
-        return {}
-    if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
-        log.warning("autotune cache %s is not an autotune cache file; tuning afresh", path)
-        return {}
-    if data.get("format") != FILE_FORMAT:
-        log.info(
-            "autotune cache %s has format %r, not %d; ignoring it",
-            path,
-            data.get("format"),
-            FILE_FORMAT,
-        )
-        return {}
-    entries: dict[str, Any] = data["entries"]
-    return entries
-
-
-def _file_doc(device: str, tuner: str, entries: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "format": FILE_FORMAT,
-        "asynccube": _asynccube_version(),
-        "device": device,
-        "tuner": tuner,
-        "entries": entries,
-    }
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path`` (a lock file next to the cache file)."""
-    if fcntl is None:  # pragma: no cover - Windows
-        yield
-        return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def _merge_entry(path: Path, device: str, tuner: str, key_id: str, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path.with_name(path.name + ".lock")):
-        entries = _read_entries(path, device, tuner)
-        entries[key_id] = record
-        _atomic_write(path, json.dumps(_file_doc(device, tuner, entries), separators=(",", ":")))
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

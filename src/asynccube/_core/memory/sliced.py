@@ -1,0 +1,157 @@
+"""The sliced pool: fixed-size pages carved into slices, split on demand and coalesced
+lazily (see :mod:`.pools`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final
+
+from .pages import FREE, NO_LIMIT, Page, PoolBase, Slice, SliceBuckets
+from .storage import ComputeStorage
+
+__all__ = ["SlicedPool"]
+
+_MAX_DIRTY: Final = 4096
+"""Releases remembered for coalescing before a pass is forced (bounds the list)."""
+
+
+class SlicedPool(PoolBase):
+    """Pages of ``page_size`` bytes carved into slices of at most ``max_slice_size``.
+
+    Args:
+        page_size: The size of a page.
+        max_slice_size: The largest request accepted. When it is larger than
+            ``page_size``, a request that does not fit a page gets a page of its own,
+            rounded up to a multiple of ``page_size``, whose free rest serves others.
+        alignment: The storage alignment; slices start and end on it.
+    """
+
+    kind = "sliced"
+
+    def __init__(
+        self,
+        page_size: int,
+        max_slice_size: int,
+        alignment: int,
+        registry: dict[int, Slice] | None = None,
+        ids: Iterator[int] | None = None,
+    ) -> None:
+        super().__init__(max_slice_size, alignment, registry, ids)
+        self._page = self.extent(page_size)
+        self.page_size = self._page
+        self._buckets = SliceBuckets()
+        self._free = self._buckets.free
+        self._dirty: list[Slice] = []
+
+    def try_reserve(self, size: int) -> Slice | None:
+        """A free slice for ``size`` bytes, or ``None`` if the pool must grow."""
+        ext = ((size + self._mask) & self._nmask) or self.alignment
+        bucket = self._free.get(ext)
+        if bucket:
+            sl = bucket.pop()
+            sl.used = size
+            return sl
+        return self._fit(size, ext)
+
+    def release(self, sl: Slice) -> None:
+        """Take back a slice whose last handle is gone."""
+        sl.used = FREE
+        bucket = self._free.get(sl.size)
+        if bucket is None:
+            self._buckets.add(sl)
+        else:
+            bucket.append(sl)
+        self._dirty.append(sl)
+
+    def page_size_for(self, size: int) -> int:
+        """The page allocated when a request of ``size`` bytes finds no fit."""
+        return -(-self.extent(size) // self._page) * self._page
+
+    def alloc(self, storage: ComputeStorage[object], size: int) -> Slice:
+        """Grow by one page and carve the request from it."""
+        ext = self.extent(size)
+        page_size = -(-ext // self._page) * self._page
+        page = self._new_page(storage, page_size)
+        head = self._new_slice(page, 0, page_size, FREE)
+        page.head = head
+        return self._split(head, size, ext)
+
+    def empty_pages(self) -> list[Page]:
+        """The pages with no live slice (coalescing first)."""
+        self.coalesce()
+        return [
+            page
+            for page in self.pages.values()
+            if page.head is not None and page.head.used == FREE and page.head.next is None
+        ]
+
+    def drop_empty_page(self, storage: ComputeStorage[object], page: Page) -> None:
+        """Give an empty page back to the storage."""
+        head = page.head
+        assert head is not None
+        self._buckets.remove(head)
+        self._kill(head)
+        self._drop_page(storage, page)
+
+    def _fit(self, size: int, ext: int) -> Slice | None:
+        sl = self._buckets.best_fit(ext, NO_LIMIT)
+        if sl is None and self._dirty:
+            self.coalesce()
+            sl = self._buckets.best_fit(ext, NO_LIMIT)
+        return None if sl is None else self._split(sl, size, ext)
+
+    def _split(self, sl: Slice, size: int, ext: int) -> Slice:
+        rest = sl.size - ext
+        if rest:
+            tail = self._new_slice(sl.page, sl.offset + ext, rest, FREE)
+            tail.prev, tail.next = sl, sl.next
+            if sl.next is not None:
+                sl.next.prev = tail
+            sl.next = tail
+            sl.size = ext
+            self._buckets.add(tail)
+        sl.used = size
+        return sl
+
+    def coalesce(self) -> None:
+        """Merge every slice released since the last pass with its free neighbours."""
+        dirty, self._dirty = self._dirty, []
+        for sl in dirty:
+            if sl.used == FREE:
+                self._merge_run(sl)
+
+    def _merge_run(self, sl: Slice) -> None:
+        start = sl
+        while start.prev is not None and start.prev.used == FREE:
+            start = start.prev
+        end = start.next
+        if end is None or end.used != FREE:
+            return
+        buckets = self._buckets
+        buckets.remove(start)
+        while end is not None and end.used == FREE:
+            buckets.remove(end)
+            start.size += end.size
+            self._kill(end)
+            end = end.next
+        start.next = end
+        if end is not None:
+            end.prev = start
+        buckets.add(start)
+
+    def tick(self, storage: ComputeStorage[object], alloc_count: int) -> None:
+        """Periodic upkeep: coalesce once many releases are pending."""
+        if len(self._dirty) > _MAX_DIRTY:
+            self.coalesce()
+
+    def cleanup(self, storage: ComputeStorage[object], alloc_count: int, explicit: bool) -> None:
+        """On an explicit cleanup, coalesce and give back every page with no live slice."""
+        if not explicit:
+            return
+        for page in self.empty_pages():
+            self.drop_empty_page(storage, page)
+
+    def release_all(self, storage: ComputeStorage[object]) -> None:
+        super().release_all(storage)
+        self._buckets.clear()
+        self._dirty.clear()
