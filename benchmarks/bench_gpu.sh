@@ -4,7 +4,8 @@
 # 1. the code before issue 11 (its src/ copied to baseline/src, when present) and
 # 2. the pure-Python fallback (ASYNCCUBE_NO_EXTENSIONS=1): bench_cuda's client section;
 # 3. bench_cuda.py, all figures beside their floors and peers (compiled hot path);
-# 4. bench_service.py on the GPU, asyncio and uvloop.
+# 4. bench_service.py on the GPU, asyncio and uvloop;
+# 5. with PROFILE="scenario ...": py-spy --native profiles of profile_hot_path.py scenarios.
 # Leaves $OUT/results.tgz (benchmarks/results/ and the logs); then, here:
 #     tar xzf results.tgz -C benchmarks && python benchmarks/report.py
 cd "$(dirname "$0")/.." || exit 2
@@ -26,6 +27,16 @@ echo "bench_cuda rc=$?"
 timeout 200 python3 benchmarks/bench_service.py --device cuda:0 --procs 4 \
     --seconds "${SERVICE_SECONDS:-3}" --warmup 1.5 >"$L/service.log" 2>&1
 echo "bench_service rc=$?"
+if [ -n "${PROFILE:-}" ]; then  # py-spy --native of the hot path as it is now (asyncio)
+    SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
+    H=benchmarks/profile_hot_path.py
+    for sc in $PROFILE; do
+        timeout 60 "$SPY" record --native -r 997 -f raw -o "$L/pyspy-$sc.raw" -- \
+            python3 $H --only "$sc" --seconds 2 >"$L/pyspy-$sc.log" 2>&1 &&
+            python3 $H --fold "$L/pyspy-$sc.raw" >"$L/pyspy-$sc.txt"
+        rm -f "$L/pyspy-$sc.raw"
+    done
+fi
 tar czf "$OUT/results.tgz" -C benchmarks results -C "$OUT" logs
 sed -n '/^## CUDA hot path/,$p' "$L/cuda.log"
 grep -E "^(asyncio|uvloop) " "$L/service.log" | cut -c1-200
