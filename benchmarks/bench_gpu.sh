@@ -10,7 +10,7 @@
 #     tar xzf results.tgz -C benchmarks && python benchmarks/report.py
 cd "$(dirname "$0")/.." || exit 2
 OUT="${OUT:-/tmp/asynccube-out}"
-L="$OUT/logs"
+L=/tmp/bench-logs  # packed into $OUT/results.tgz (few files come back from $OUT)
 mkdir -p "$L"
 B=benchmarks/bench_cuda.py
 SECTIONS=${SECTIONS:-"abi floor launch completion storage client"}
@@ -37,7 +37,7 @@ if [ -n "${PROFILE:-}" ]; then  # py-spy --native of the hot path as it is now (
         rm -f "$L/pyspy-$sc.raw"
     done
 fi
-tar czf "$OUT/results.tgz" -C benchmarks results -C "$OUT" logs
+tar czf "$OUT/results.tgz" -C benchmarks results -C /tmp bench-logs
 sed -n '/^## CUDA hot path/,$p' "$L/cuda.log"
 grep -E "^(asyncio|uvloop) " "$L/service.log" | cut -c1-200
 sed -n '/^| server loop/,/^$/p' "$L/service.log"
