@@ -10,6 +10,7 @@
 #     tar xzf results.tgz -C benchmarks && python benchmarks/report.py
 cd "$(dirname "$0")/.." || exit 2
 OUT="${OUT:-/tmp/asynccube-out}"
+mkdir -p "$OUT"
 L=/tmp/bench-logs  # packed into $OUT/results.tgz (few files come back from $OUT)
 mkdir -p "$L"
 B=benchmarks/bench_cuda.py

@@ -153,8 +153,12 @@ def _verdicts(by_loop: dict[str, dict[str, Any]]) -> list[list[str]]:
             and lag is not None
             and lag <= 2.0
         )
-        met = "met" if goal and best is not None and blocking is not None else (
-            "met (peers skipped)" if goal else "missed")  # fmt: skip
+        if rps is None:
+            met = "n/a"
+        elif goal:
+            met = "met" if best is not None and blocking is not None else "met (peers skipped)"
+        else:
+            met = "missed"
         rows.append([loop, _ratio(rps, best), _ratio(rps, blocking),
                      "-" if lag is None else f"{lag:.2f}", met])  # fmt: skip
     return rows
