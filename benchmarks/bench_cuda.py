@@ -1,7 +1,7 @@
 """CUDA backend benchmarks, asynccube beside raw cuda.bindings, cuda.core, CuPy and PyTorch.
 
 Run on a GPU machine: ``scripts/gpu-check python3 benchmarks/bench_cuda.py [SECTION...]``
-(sections: costs abi launch completion long_wait storage client; default all). Prints the
+(sections: costs abi floor launch completion long_wait storage client; default all). Prints the
 figures and the issue's table, and writes ``benchmarks/results/cuda.json`` and
 ``cuda.md`` (copies under ``$OUT`` when set). ``--markdown FILE.json`` reprints a table.
 
@@ -46,7 +46,12 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
+# ASYNCCUBE_BENCH_SRC: measure another tree's src/ (the code before a change) with this bench
+sys.path.insert(0, os.environ.get("ASYNCCUBE_BENCH_SRC") or str(ROOT / "src"))
+
+from _cuda_client import bench_client  # noqa: E402
+from _cuda_report import markdown  # noqa: E402
+from _floor import c_floor, extension_call_floor  # noqa: E402
 
 from asynccube._core.cuda import abi, compiler  # noqa: E402
 from asynccube._core.cuda.completion import CudaCompletion, EventPool, HostFuncNotifier  # noqa: E402
@@ -646,252 +651,6 @@ def bench_costs(g: Gpu) -> None:
         row(key, f"{v:.3f}")
 
 
-ADD_SRC = r"""
-extern "C" __global__ void add(const float* a, const float* b, float* out, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = a[i] + b[i];
-}
-extern "C" __global__ void spin(unsigned long long ns) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
-}
-extern "C" __global__ void empty_kernel() {}
-"""
-
-
-def _kernels() -> tuple[Any, Any, Any]:
-    import asynccube as ac
-
-    add = ac.Kernel("bench_add", cuda=ac.CudaSource(ADD_SRC, "add", (256, 1, 1)))
-    spin = ac.Kernel("bench_spin", cuda=ac.CudaSource(ADD_SRC, "spin", (1, 1, 1)))
-    empty = ac.Kernel("bench_empty", cuda=ac.CudaSource(ADD_SRC, "empty_kernel", (1, 1, 1)))
-    return add, spin, empty
-
-
-async def _client_figures(out: dict[str, Any]) -> None:
-    import asynccube as ac
-
-    add, spin, empty = _kernels()
-    async with ac.open_client("cuda:0") as client:
-        n = 4096
-        a = client.create(np.ones(n, np.float32))
-        b = client.create(np.ones(n, np.float32))
-        o = client.empty(4 * n)
-        bindings = (
-            ac.Bindings()
-            .with_buffers([a.binding(), b.binding(), o.binding()])
-            .with_scalar(np.uint32, [n])
-        )
-        count = ac.CubeCount(n // 256)
-        unchecked = ac.ExecutionMode.UNCHECKED
-        for k in (add, spin, empty):
-            client.execute(
-                k,
-                ac.CubeCount(1),
-                bindings
-                if k is add
-                else (ac.Bindings().with_scalar(np.uint64, [0]) if k is spin else ac.Bindings()),
-            )
-        await client.sync()
-        reps = 20000
-        for mode_name, mode in (("checked", ac.ExecutionMode.CHECKED), ("unchecked", unchecked)):
-            best = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    client.execute(add, count, bindings, mode)
-                t1 = time.perf_counter()
-                await client.sync()
-                t2 = time.perf_counter()
-                best.append(((t1 - t0) / reps * 1e6, (t2 - t0) / reps * 1e6))
-            enq, total = min(best)
-            out[f"execute_{mode_name}_enqueue_us"] = enq
-            out[f"execute_{mode_name}_us"] = total
-        # read 1 KiB round trip
-        h = client.create(bytes(1024))
-        for _ in range(200):
-            await client.read([h])
-        ts = []
-        for _ in range(2000):
-            t0 = time.perf_counter()
-            await client.read([h])
-            ts.append(time.perf_counter() - t0)
-        out["read_1KiB_us"] = med(ts) * 1e6
-        # sync after one launch
-        eb = ac.Bindings()
-        one = ac.CubeCount(1)
-        ts = []
-        for i in range(2200):
-            t0 = time.perf_counter()
-            client.execute(empty, one, eb, unchecked)
-            await client.sync()
-            if i >= 200:
-                ts.append(time.perf_counter() - t0)
-        out["sync_after_launch_us"] = med(ts) * 1e6
-        # 256 MiB write and read
-        size = 256 * MiB
-        big = client.empty(size)
-        desc = big.copy_descriptor((size,), (1,), 1)
-        data = np.full(size, 7, np.uint8)
-        (stage,) = await client.staging([size])  # handed over by write: no snapshot copy
-        stage[:] = 9
-        for label, src in (("pageable", data), ("staging", stage)):
-            client.write([(desc, src)])
-            await client.sync()
-            ts = []
-            for _ in range(4):
-                t0 = time.perf_counter()
-                client.write([(desc, src)])
-                await client.sync()
-                ts.append(time.perf_counter() - t0)
-            out[f"write_256MiB_{label}_GBs"] = size / min(ts) / 1e9
-        server, sid = client.server, ac.StreamId.current()
-        await client.sync()
-        for label, src in (("pageable", data), ("staging", stage)):
-            ts = []
-            for _ in range(4):  # the server alone: no client-side snapshot of the data
-                t0 = time.perf_counter()
-                server.write([(desc, src)], sid)
-                server.end_batch()
-                await client.sync()
-                ts.append(time.perf_counter() - t0)
-            out[f"server_write_256MiB_{label}_GBs"] = size / min(ts) / 1e9
-        await client.read([big])
-        ts = []
-        for _ in range(4):
-            t0 = time.perf_counter()
-            (raw,) = await client.read([big])
-            ts.append(time.perf_counter() - t0)
-            del raw
-        out["read_256MiB_GBs"] = size / min(ts) / 1e9
-        del big, stage
-        client.memory_cleanup()
-        # pooled alloc + free of 1 MiB
-        for _ in range(100):
-            client.empty(MiB)
-        await client.memory_usage()
-        reps = 20000
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            hh = client.empty(MiB)
-            del hh
-        await client.memory_usage()
-        out["alloc_free_1MiB_us"] = (time.perf_counter() - t0) / reps * 1e6
-        # 4 tasks x 1000 small kernels vs one task
-        sb = ac.Bindings().with_scalar(np.uint64, [50_000])
-
-        async def worker(k: int) -> None:
-            for _ in range(k):
-                client.execute(spin, one, sb, unchecked)
-            await client.sync()
-
-        t0 = time.perf_counter()
-        await worker(4000)
-        one_task = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        await asyncio.gather(*(asyncio.create_task(worker(1000)) for _ in range(4)))
-        four_tasks = time.perf_counter() - t0
-        out["one_task_4000_ms"] = one_task * 1e3
-        out["four_tasks_1000_ms"] = four_tasks * 1e3
-        out["concurrency_speedup"] = one_task / four_tasks
-        # loop responsiveness while awaiting a 1 s kernel
-        lags: list[float] = []
-        stop = asyncio.Event()
-
-        async def ticker() -> None:
-            while not stop.is_set():
-                t = time.perf_counter()
-                await asyncio.sleep(0.001)
-                lags.append(time.perf_counter() - t - 0.001)
-
-        tick = asyncio.create_task(ticker())
-        await asyncio.sleep(0.05)
-        lags.clear()
-        cpu0, t0 = time.process_time(), time.perf_counter()
-        client.execute(spin, one, ac.Bindings().with_scalar(np.uint64, [1_000_000_000]))
-        await client.sync()
-        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        stop.set()
-        await tick
-        out["long_wait_lag_p99_ms"] = p99(lags) * 1e3
-        out["long_wait_cpu_pct"] = 100 * cpu / wall
-
-
-def _peer_figures(g: Gpu, out: dict[str, Any]) -> None:
-    d = cu()
-    s = g.stream
-    pinned = PinnedPool()
-    buf = pinned.take(1024)
-    dev = g.alloc(1024)
-    ts = []
-    for i in range(2200):
-        t0 = time.perf_counter()
-        check(d.cuMemcpyDtoHAsync(buf.ptr, dev, 1024, s))
-        check(d.cuStreamSynchronize(s))
-        if i >= 200:
-            ts.append(time.perf_counter() - t0)
-    out["raw_read_1KiB_us"] = med(ts) * 1e6
-    try:
-        import torch
-
-        t = torch.zeros(256, device="cuda")
-        for _ in range(200):
-            t.cpu()
-        ts = []
-        for _ in range(2000):
-            t0 = time.perf_counter()
-            t.cpu()
-            ts.append(time.perf_counter() - t0)
-        out["torch_cpu_1KiB_us"] = med(ts) * 1e6
-        for _ in range(200):
-            torch.empty(MiB, dtype=torch.uint8, device="cuda")
-        t0 = time.perf_counter()
-        for _ in range(20000):
-            x = torch.empty(MiB, dtype=torch.uint8, device="cuda")
-            del x
-        out["torch_alloc_free_1MiB_us"] = (time.perf_counter() - t0) / 20000 * 1e6
-    except Exception as exc:
-        out["torch_error"] = repr(exc)
-    try:
-        import cupy as cp
-
-        x = cp.zeros(256, cp.float32)
-        ts = []
-        for i in range(2200):
-            t0 = time.perf_counter()
-            x.get()
-            if i >= 200:
-                ts.append(time.perf_counter() - t0)
-        out["cupy_get_1KiB_us"] = med(ts) * 1e6
-        for _ in range(200):
-            cp.empty(MiB, cp.uint8)
-        t0 = time.perf_counter()
-        for _ in range(20000):
-            y = cp.empty(MiB, cp.uint8)
-            del y
-        out["cupy_alloc_free_1MiB_us"] = (time.perf_counter() - t0) / 20000 * 1e6
-    except Exception as exc:
-        out["cupy_error"] = repr(exc)
-    g.ctx.make_current()
-    t0 = time.perf_counter()
-    for _ in range(20000):
-        p = check(d.cuMemAllocAsync(MiB, s))
-        check(d.cuMemFreeAsync(p, s))
-    out["raw_cuMemAllocAsync_free_1MiB_us"] = (time.perf_counter() - t0) / 20000 * 1e6
-    g.sync()
-
-
-def bench_client(g: Gpu) -> None:
-    out: dict[str, Any] = {}
-    _peer_figures(g, out)
-    asyncio.run(_client_figures(out))
-    g.ctx.make_current()
-    RESULTS["client"] = out
-    for key, v in out.items():
-        row(f"client: {key}", f"{v:.2f}" if isinstance(v, float) else str(v))
-
-
 def environment(g: Gpu) -> None:
     import cuda.bindings
 
@@ -905,7 +664,14 @@ def environment(g: Gpu) -> None:
         "sm_count": g.props.extra["sm_count"],
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
-    for mod in ("cuda.core", "cupy", "torch"):
+    try:
+        from asynccube._core.cuda import hotpath  # type: ignore[attr-defined]
+
+        env["hot_path"] = f"{hotpath.ACTIVE} ({hotpath.REASON})"
+    except ImportError:
+        env["hot_path"] = "python (before issue 11)"
+    env["src"] = sys.path[0]
+    for mod in ("cuda.core", "cupy", "torch", "uvloop"):
         try:
             env[mod] = __import__(mod, fromlist=["__version__"]).__version__
         except Exception as exc:
@@ -918,127 +684,34 @@ def environment(g: Gpu) -> None:
     print(json.dumps(RESULTS["properties"]), flush=True)
 
 
-def _get(r: dict[str, Any], *path: str) -> float | None:
-    cur: Any = r
-    for key in path:
-        if not isinstance(cur, dict) or key not in cur:
-            return None
-        cur = cur[key]
-    return float(cur) if isinstance(cur, int | float) else None
+def bench_floor(g: Gpu) -> None:
+    """The driver's floor on the same cubin: a C loop and a C-extension call."""
+    out = {**c_floor(g.cubin), **extension_call_floor(g.cubin)}
+    g.ctx.make_current()
+    RESULTS["floor"] = out
+    for key, v in out.items():
+        row(f"floor: {key}", f"{v:.2f}" if isinstance(v, float) else str(v)[:60])
 
 
-def _fmt(v: float | None, unit: str = "") -> str:
-    return "n/a" if v is None else f"{v:.2f}{unit}"
+def _load(dest: Path, name: str) -> dict[str, Any] | None:
+    path = dest / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return "n/a" if a is None or not b else f"{a / b:.2f}x"
-
-
-def markdown(r: dict[str, Any]) -> str:
-    """The issue's table, from a results dict (``cuda.json``)."""
-    L, C, R = ("launch_us",), ("client",), ("roundtrip_us",)
-    ex_u, ex_c = _get(r, *C, "execute_unchecked_us"), _get(r, *C, "execute_checked_us")
-    raw_t, raw_p = _get(r, *L, "raw_tuple"), _get(r, *L, "raw_prepacked")
-    rd, raw_rd = _get(r, *C, "read_1KiB_us"), _get(r, *C, "raw_read_1KiB_us")
-    sy, raw_sy = _get(r, *C, "sync_after_launch_us"), _get(r, *R, "raw_stream_sync")
-    h2d, d2h = _get(r, "storage", "h2d_pinned_GBs"), _get(r, "storage", "d2h_pinned_GBs")
-    w_pg, w_st = _get(r, *C, "write_256MiB_pageable_GBs"), _get(r, *C, "write_256MiB_staging_GBs")
-    rb = _get(r, *C, "read_256MiB_GBs")
-    al, raw_al = _get(r, *C, "alloc_free_1MiB_us"), _get(r, *C, "raw_cuMemAllocAsync_free_1MiB_us")
-    rows = [
-        ("host us per execute, 4-arg kernel (UNCHECKED / CHECKED)", "<= 1.0x raw tuple, < CuPy",
-         f"{_fmt(ex_u)} / {_fmt(ex_c)}",
-         f"raw tuple {_fmt(raw_t)}, pre-packed {_fmt(raw_p)}, cuda.core "
-         f"{_fmt(_get(r, *L, 'cuda_core'))}, CuPy {_fmt(_get(r, *L, 'cupy'))}, torch add "
-         f"{_fmt(_get(r, *L, 'torch_add'))}", _ratio(ex_u, raw_t)),
-        ("await read of 1 KiB, round trip (us)", "<= 1.2x raw", _fmt(rd),
-         f"raw DtoHAsync+sync {_fmt(raw_rd)}, torch .cpu() {_fmt(_get(r, *C, 'torch_cpu_1KiB_us'))}"
-         f", CuPy .get() {_fmt(_get(r, *C, 'cupy_get_1KiB_us'))}", _ratio(rd, raw_rd)),
-        ("await sync after one launch (us)", "<= 1.3x raw", _fmt(sy),
-         f"raw launch+cuStreamSynchronize {_fmt(raw_sy)}", _ratio(sy, raw_sy)),
-        ("256 MiB write, pageable bytes / staging buffer (GB/s)", ">= 90% of pinned",
-         f"{_fmt(w_pg)} / {_fmt(w_st)} (server alone: "
-         f"{_fmt(_get(r, *C, 'server_write_256MiB_pageable_GBs'))} / "
-         f"{_fmt(_get(r, *C, 'server_write_256MiB_staging_GBs'))})",
-         f"pinned cuMemcpy H2D {_fmt(h2d)}, pageable "
-         f"{_fmt(_get(r, 'storage', 'h2d_pageable_GBs'))}", _ratio(w_st, h2d)),
-        ("256 MiB read (GB/s)", ">= 90% of pinned", _fmt(rb),
-         f"pinned cuMemcpy D2H {_fmt(d2h)}, pageable "
-         f"{_fmt(_get(r, 'storage', 'd2h_pageable_GBs'))}", _ratio(rb, d2h)),
-        ("pooled alloc+free 1 MiB (us)", "<= cuMemAllocAsync+FreeAsync", _fmt(al),
-         f"raw {_fmt(raw_al)}, CuPy pool {_fmt(_get(r, *C, 'cupy_alloc_free_1MiB_us'))}, torch "
-         f"{_fmt(_get(r, *C, 'torch_alloc_free_1MiB_us'))}", _ratio(al, raw_al)),
-        ("4 tasks x 1000 small kernels vs one task x 4000", ">= 2.5x faster",
-         f"{_fmt(_get(r, *C, 'concurrency_speedup'))}x",
-         f"one task {_fmt(_get(r, *C, 'one_task_4000_ms'))} ms, four tasks "
-         f"{_fmt(_get(r, *C, 'four_tasks_1000_ms'))} ms", ""),
-        ("loop while awaiting a 1 s kernel: lag p99 (ms) / CPU (% of a core)", "<= 1 ms / <= 10%",
-         f"{_fmt(_get(r, *C, 'long_wait_lag_p99_ms'))} / {_fmt(_get(r, *C, 'long_wait_cpu_pct'))}",
-         f"idle loop with the same ticker: "
-         f"{_fmt(_get(r, 'long_wait', 'idle_baseline', 'lag_p99_ms'))} / "
-         f"{_fmt(_get(r, 'long_wait', 'idle_baseline', 'cpu_pct_of_core'))}", ""),
-    ]  # fmt: skip
-    out = [
-        "| figure | goal | asynccube | peers (same run) | ratio |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    out += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows]
-    return "\n".join([_header(r), "", *out, "", _notes(r)]) + "\n"
-
-
-def _header(r: dict[str, Any]) -> str:
-    env = r.get("environment", {})
-    keys = ("device", "driver_version", "python", "cuda.bindings", "nvrtc", "cuda.core", "cupy")
-    facts = ", ".join(f"{k} {env.get(k, '?')}" for k in keys)
-    return (
-        f"## CUDA server (issue 5)\n\ndate {env.get('date', '?')}, {facts}, "
-        f"torch {env.get('torch', '?')}"
-    )
-
-
-def _notes(r: dict[str, Any]) -> str:
-    rt, st = r.get("roundtrip_us", {}), r.get("storage", {})
-    return "\n".join(
-        [
-            "Where a goal is missed, what limits it:",
-            "",
-            "- execute: the CUDA server's own work per launch (binding addresses, "
-            "`ArgPacker.get`+`pack`, `MultiStream.resolve`) is about 5 µs on top of the "
-            "binding's `cuLaunchKernel` (about 4 µs with pre-packed arguments); the client "
-            "adds about 2-3 µs per command (validation, `StreamId.current()`, the channel; "
-            "an idle actor's caller runs the command itself). Python-level work per launch "
-            "is the limit; the next step is a compiled launch path.",
-            "- read 1 KiB / sync: the completion alone (event + `add_done_callback`: one "
-            "`cuEventQuery` per loop iteration for 200 µs, then a host-function pipe) takes "
-            f"{_fmt(rt.get('channel_watcher'))} µs after an empty kernel "
-            f"(raw `cuStreamSynchronize`: {_fmt(rt.get('raw_stream_sync'))} µs); the rest is "
-            "loop iterations (the future resolved, the awaiting task resumed: a few µs each "
-            "in asyncio's pure-Python loop; a CUDA completion is first polled for 30 µs without "
-            "yielding, so short work often completes before the caller suspends) plus the "
-            "Python work of the client and the server's read (about 7 µs). Figures "
-            "vary between H100 machines: over six runs of this session, 35-68 µs for the "
-            "read, 23-54 µs for the sync, 7-23 µs for alloc+free, and 2.26-2.60x for the "
-            "four tasks.",
-            "- 256 MiB write: from pageable bytes, `client.write` snapshots the data (a "
-            "copy, so later changes to the array do not leak in); from a buffer of "
-            "`await client.staging(...)` it is handed over and runs at the pinned rate. "
-            f"Host memcpy, single-threaded: {_fmt(st.get('host_memcpy_256MiB_GBs'))} GB/s.",
-            "- pooled alloc+free: each `client.empty` is one command through the client "
-            "(about 2-3 µs) and the server's create + release (about 3 µs); the memory "
-            "manager's own reserve + free is about 1.5 µs (see the memory section).",
-            "",
-            "Command: `scripts/gpu-check python3 benchmarks/bench_cuda.py` on the GPU "
-            "machine (tool `run`, carry `.whl`); figures from one run, best of 3-4 rounds or "
-            "median of 2000.",
-        ]
-    )
+def render(results: dict[str, Any], dest: Path) -> str:
+    """The CUDA section, with the fallback and before-issue-11 runs found beside it."""
+    return markdown(results, _load(dest, "cuda_fallback"), _load(dest, "cuda_baseline"))
 
 
 def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] == "--markdown":
-        print(markdown(json.loads(Path(sys.argv[2]).read_text())))
+    dest = ROOT / "benchmarks" / "results"
+    args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "--markdown":
+        print(render(json.loads(Path(args[1]).read_text()), Path(args[1]).parent))
         return 0
+    name = "cuda"
+    if "--results" in args:  # e.g. cuda_fallback: a partial run kept beside cuda.json
+        name = args[args.index("--results") + 1]
     ok, reason = driver_available()
     if not ok:
         print(f"no GPU: {reason}")
@@ -1048,36 +721,39 @@ def main() -> int:
     sections = {
         "costs": lambda: bench_costs(g),
         "abi": lambda: check_abi(g),
+        "floor": lambda: bench_floor(g),
         "launch": lambda: bench_launch(g, check_add4(g)),
         "completion": lambda: bench_completion(g),
         "long_wait": lambda: bench_long_wait(g),
         "storage": lambda: bench_storage(g),
-        "client": lambda: bench_client(g),
+        "client": lambda: bench_client(g, RESULTS, row),
     }
-    only = [a for a in sys.argv[1:] if a in sections] or list(sections)
-    for name in only:
-        section = sections[name]
+    only = [a for a in args if a in sections] or list(sections)
+    for section_name in only:
+        section = sections[section_name]
         try:
             section()
         except Exception as exc:
             import traceback
 
             traceback.print_exc()
-            row("SECTION FAILED", type(exc).__name__, str(exc)[:80])
+            row(f"SECTION {section_name} FAILED", type(exc).__name__, str(exc)[:80])
             g.ctx.make_current()
     print("\n=== summary ===")
-    for name, value, note in ROWS:
-        print(f"{name:<60} {value:>14}  {note}")
+    for label, value, note in ROWS:
+        print(f"{label:<60} {value:>14}  {note}")
     text = json.dumps(RESULTS, indent=2, default=str)
-    table = markdown(RESULTS)
-    print("\n" + table)
-    dest = ROOT / "benchmarks" / "results"
     dest.mkdir(parents=True, exist_ok=True)
-    (dest / "cuda.json").write_text(text)
-    (dest / "cuda.md").write_text(table)
+    (dest / f"{name}.json").write_text(text)
+    files = {f"{name}.json": text}
+    if name == "cuda":
+        table = render(RESULTS, dest)
+        print("\n" + table)
+        (dest / "cuda.md").write_text(table)
+        files["cuda.md"] = table
     if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "cuda.json").write_text(text)
-        Path(os.environ["OUT"], "cuda.md").write_text(table)
+        for fname, body in files.items():
+            Path(os.environ["OUT"], fname).write_text(body)
     return 0
 
 

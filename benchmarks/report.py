@@ -1,7 +1,8 @@
 """Join the benchmarks' results into ``benchmarks/RESULTS.md``.
 
 Run after the benchmarks: ``python benchmarks/report.py``. Sections come from
-``results/<name>.md`` files (written by benchmarks through ``_common.write``); the memory
+``results/<name>.md`` files (written by benchmarks through ``_common.write``), each
+followed by ``notes/<name>.md`` where present (what limits a missed figure); the memory
 and stream benchmarks' JSON files are rendered here.
 """
 
@@ -14,7 +15,8 @@ from typing import Any
 
 from _common import RESULTS, table
 
-ORDER = ("channel", "memory", "streams", "cuda")
+ORDER = ("channel", "memory", "streams", "cuda", "service", "service_host")
+NOTES = Path(__file__).parent / "notes"  # notes/<name>.md follows section <name>
 
 
 def _stamp(path: Path, data: dict[str, Any]) -> str:
@@ -94,9 +96,10 @@ RENDERERS = {"memory": _memory, "streams": _streams}
 
 
 def _section(name: str) -> str | None:
-    md = RESULTS / f"{name}.md"
+    md, notes = RESULTS / f"{name}.md", NOTES / f"{name}.md"
     if md.exists():
-        return md.read_text()
+        text = md.read_text()
+        return text + "\n" + notes.read_text() if notes.exists() else text
     js = RESULTS / f"{name}.json"
     if name in RENDERERS and js.exists():
         return RENDERERS[name](js)

@@ -1,0 +1,233 @@
+"""The processes of ``bench_service.py``: one service (``serve PEER``) or one load
+generator (``load URL``). Run by bench_service.py, not by hand.
+
+``serve PEER --loop L --device D`` prints ``PORT n`` once it listens on 127.0.0.1 (or
+``SKIP reason`` and exits when PEER cannot run here), then serves ``POST /y`` and
+``GET /stats?since=T0&until=T1`` (the loop lag probe's p99/max over that wall-clock
+window). ``load URL --clients K --start T --seconds S`` runs K concurrent clients until
+``T + S``, counts the requests completed inside ``[T, T + S]``, checks every response
+against numpy and prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+N_FLOATS = 64 * 1024  # 256 KiB of float32
+PEERS = ("asynccube", "cupy_thread", "torch_thread", "cupy_blocking")
+Handler = Callable[[bytes], Awaitable[bytes]]
+
+Y_SRC = r"""
+extern "C" __global__ void y2x1(const float* x, float* y, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * x[i] + 1.0f;
+}
+"""
+
+
+def _host_y2x1(launch: Any) -> None:
+    x = launch.buffers[0].view(np.float32)
+    y = launch.buffers[1].view(np.float32)
+    n = int(launch.scalar(np.uint32))
+    np.multiply(x[:n], np.float32(2), out=y[:n])
+    y[:n] += np.float32(1)
+
+
+async def _asynccube(device: str, stack: list[Any]) -> tuple[Handler, str]:
+    import asynccube as ac
+
+    client = await ac.connect(device)
+    stack.append(client)
+    kernel = ac.Kernel(
+        "bench_service_y2x1", cuda=ac.CudaSource(Y_SRC, "y2x1", (256, 1, 1)), host=_host_y2x1
+    )
+    count = ac.CubeCount((N_FLOATS + 255) // 256)
+    nbytes = N_FLOATS * 4
+
+    async def handle(body: bytes) -> bytes:
+        x = client.create(body)
+        y = client.empty(nbytes)
+        bindings = (
+            ac.Bindings()
+            .with_buffers([x.binding(), y.binding()])
+            .with_scalar(np.uint32, [N_FLOATS])
+        )
+        client.execute(kernel, count, bindings)
+        (out,) = await client.read([y])
+        return out
+
+    await handle(bytes(nbytes))  # compile and load before the clock starts
+    return handle, f"asynccube on {client.device}"
+
+
+def _cupy_fn() -> Callable[[bytes], bytes]:
+    import cupy as cp
+
+    cp.cuda.runtime.getDeviceCount()  # raises without a GPU
+
+    def fn(body: bytes) -> bytes:
+        x = cp.asarray(np.frombuffer(body, np.float32))
+        y = 2 * x + 1
+        out: bytes = y.get().tobytes()
+        return out
+
+    fn(bytes(N_FLOATS * 4))
+    return fn
+
+
+def _torch_fn() -> Callable[[bytes], bytes]:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch.cuda.is_available() is False")
+
+    def fn(body: bytes) -> bytes:
+        x = torch.frombuffer(bytearray(body), dtype=torch.float32).to("cuda")
+        y = x * 2 + 1
+        out: bytes = y.cpu().numpy().tobytes()
+        return out
+
+    fn(bytes(N_FLOATS * 4))
+    return fn
+
+
+async def make_handler(peer: str, device: str, stack: list[Any]) -> tuple[Handler, str]:
+    """The handler for ``peer``; raises with the reason when it cannot run here."""
+    if peer == "asynccube":
+        return await _asynccube(device, stack)
+    if device == "host":
+        raise RuntimeError(f"{peer} needs a GPU; this run uses the host server")
+    fn = _torch_fn() if peer == "torch_thread" else _cupy_fn()
+    if peer == "cupy_blocking":
+
+        async def blocking(body: bytes) -> bytes:
+            return fn(body)
+
+        return blocking, peer
+
+    async def threaded(body: bytes) -> bytes:
+        return await asyncio.to_thread(fn, body)
+
+    return threaded, peer
+
+
+async def _lag_probe(samples: list[tuple[float, float]]) -> None:
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.sleep(0.001)
+        samples.append((time.time(), time.perf_counter() - t0 - 0.001))
+
+
+async def serve(peer: str, device: str) -> None:
+    from aiohttp import web
+
+    stack: list[Any] = []
+    try:
+        handle, info = await make_handler(peer, device, stack)
+    except Exception as exc:
+        print(f"SKIP {type(exc).__name__}: {exc}".replace("\n", " ")[:300], flush=True)
+        return
+    lags: list[tuple[float, float]] = []
+    probe = asyncio.create_task(_lag_probe(lags))
+
+    async def y(request: web.Request) -> web.Response:
+        return web.Response(body=await handle(await request.read()))
+
+    async def stats(request: web.Request) -> web.Response:
+        lo, hi = float(request.query["since"]), float(request.query["until"])
+        window = sorted(lag for t, lag in lags if lo <= t <= hi) or [0.0]
+        p99 = window[min(len(window) - 1, int(0.99 * len(window)))]
+        body = {"lag_p99_ms": p99 * 1e3, "lag_max_ms": window[-1] * 1e3, "info": info}
+        return web.json_response(body)
+
+    app = web.Application(client_max_size=4 << 20)
+    app.add_routes([web.post("/y", y), web.get("/stats", stats)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(f"PORT {port}", flush=True)
+    try:
+        await asyncio.Event().wait()  # until terminated
+    finally:
+        probe.cancel()
+        await runner.cleanup()
+        for client in stack:
+            await client.close()
+
+
+async def load(url: str, clients: int, start: float, seconds: float) -> dict[str, Any]:
+    import aiohttp
+
+    rng = np.random.default_rng()
+    inputs = [rng.standard_normal(N_FLOATS).astype(np.float32) for _ in range(8)]
+    bodies = [(x.tobytes(), (2 * x + 1).tobytes()) for x in inputs]
+    end = start + seconds
+    out: dict[str, Any] = {"latencies_us": [], "checked": 0, "mismatches": 0, "errors": 0,
+                           "first_error": ""}  # fmt: skip
+    conn = aiohttp.TCPConnector(limit=clients)
+
+    async def client(k: int, session: aiohttp.ClientSession) -> None:
+        i = k
+        while time.time() < end:
+            body, want = bodies[i % len(bodies)]
+            i += 1
+            t0 = time.perf_counter()
+            try:
+                async with session.post(f"{url}/y", data=body) as resp:
+                    got = await resp.read()
+                    status = resp.status
+            except Exception as exc:
+                out["errors"] += 1
+                out["first_error"] = out["first_error"] or repr(exc)[:200]
+                continue
+            t1 = time.perf_counter()
+            done = time.time()
+            out["checked"] += 1
+            if status != 200 or got != want:
+                out["mismatches"] += 1
+                out["first_error"] = out["first_error"] or f"status {status}, {len(got)} bytes"
+            elif start <= done <= end:
+                out["latencies_us"].append(round((t1 - t0) * 1e6))
+
+    async with aiohttp.ClientSession(connector=conn) as session:
+        await asyncio.gather(*(client(k, session) for k in range(clients)))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=("serve", "load"))
+    p.add_argument("target")
+    p.add_argument("--loop", default="asyncio")
+    p.add_argument("--device", default="host")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--start", type=float, default=0.0)
+    p.add_argument("--seconds", type=float, default=5.0)
+    a = p.parse_args()
+    coro: Any = (
+        serve(a.target, a.device)
+        if a.what == "serve"
+        else load(a.target, a.clients, a.start, a.seconds)
+    )
+    if a.loop == "uvloop":
+        import uvloop
+
+        result = uvloop.run(coro)
+    else:
+        result = asyncio.run(coro)
+    if a.what == "load":
+        json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

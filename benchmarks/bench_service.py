@@ -1,0 +1,236 @@
+"""A GPU web service under load: asynccube beside the ways users write it without.
+
+Each server is an aiohttp app in its own process whose ``POST /y`` handler takes 256 KiB
+of float32 ``x`` and answers ``y = 2x + 1`` (256 KiB), computed on the device:
+
+* ``asynccube``: ``client.create`` + ``execute`` + ``await client.read`` on the loop;
+* ``cupy_thread`` / ``torch_thread``: CuPy / PyTorch inside ``asyncio.to_thread``;
+* ``cupy_blocking``: CuPy called blocking inside the handler.
+
+A lag probe task in each server sleeps 1 ms in a loop and records how late it wakes (the
+server loop's lag). Load comes from other processes (``--procs``, together ``--clients``
+concurrent connections on loopback), each for a bounded time after a warm-up; every
+response is checked against numpy. Reported per server loop (asyncio, uvloop): requests/s,
+latency p50/p99, loop lag p99, and the ratios the issue asks for.
+
+    python benchmarks/bench_service.py                    # host server (no GPU needed)
+    python benchmarks/bench_service.py --device cuda:0    # on the GPU machine
+
+Needs the ``bench`` extra (aiohttp; uvloop where available). Writes
+``results/service.json`` and ``results/service.md``. A peer that cannot run here (no CuPy,
+no GPU) is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import environment, table, write
+from _service_app import PEERS
+
+HERE = Path(__file__).resolve().parent
+
+
+def _spawn(args: list[str]) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    src = str(HERE.parent / "src")
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "_service_app.py"), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _first_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The server's first line of output (its port, or why it cannot serve)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline().strip() if ready else ""
+    if line:
+        return line
+    if proc.poll() is not None:
+        return f"SKIP server exited with {proc.returncode}"
+    return f"SKIP server did not start in {timeout:g} s"
+
+
+def _load_result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    try:
+        text = proc.communicate(timeout=timeout)[0]
+        result: dict[str, Any] = json.loads(text)
+    except (subprocess.TimeoutExpired, ValueError) as exc:
+        proc.kill()
+        proc.wait()
+        return {"latencies_us": [], "checked": 0, "mismatches": 0, "errors": 1,
+                "first_error": f"load process failed: {exc!r}"[:200]}  # fmt: skip
+    return result
+
+
+def run_one(peer: str, loop: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One server process under load; its figures, or ``{"skipped": reason}``."""
+    server = _spawn(["serve", peer, "--loop", loop, "--device", args.device])
+    try:
+        first = _first_line(server, 120)
+        if not first.startswith("PORT "):
+            return {"skipped": first.removeprefix("SKIP ")}
+        url = f"http://127.0.0.1:{first.split()[1]}"
+        load_loop = "uvloop" if _has_uvloop() else "asyncio"  # the lighter client
+        start = time.time() + args.warmup + 1.0  # the load processes start meanwhile
+        per = [args.clients // args.procs + (i < args.clients % args.procs)
+               for i in range(args.procs)]  # fmt: skip
+        loads = [
+            _spawn(["load", url, "--clients", str(k), "--start", str(start),
+                    "--seconds", str(args.seconds), "--loop", load_loop])
+            for k in per
+        ]  # fmt: skip
+        outs = [
+            json.loads(p.communicate(timeout=args.seconds + args.warmup + 120)[0]) for p in loads
+        ]
+        stats = _get_json(f"{url}/stats?since={start}&until={start + args.seconds}")
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    lat = sorted(x for o in outs for x in o["latencies_us"])
+    bad = sum(o["mismatches"] for o in outs)
+    errors = sum(o["errors"] for o in outs)
+    return {
+        "requests_per_s": len(lat) / args.seconds,
+        "p50_ms": lat[len(lat) // 2] / 1e3 if lat else None,
+        "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] / 1e3 if lat else None,
+        "loop_lag_p99_ms": stats["lag_p99_ms"],
+        "loop_lag_max_ms": stats["lag_max_ms"],
+        "checked": sum(o["checked"] for o in outs),
+        "mismatches": bad,
+        "errors": errors,
+        "first_error": next((o["first_error"] for o in outs if o["first_error"]), ""),
+        "server": stats.get("info", ""),
+    }
+
+
+def _get_json(url: str) -> dict[str, Any]:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        data: dict[str, Any] = json.loads(resp.read())
+        return data
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}x"
+
+
+def _verdicts(by_loop: dict[str, dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for loop, peers in by_loop.items():
+        ours = peers.get("asynccube", {})
+        rps = ours.get("requests_per_s")
+        nonblocking = [
+            peers[p]["requests_per_s"]
+            for p in ("cupy_thread", "torch_thread")
+            if "requests_per_s" in peers.get(p, {})
+        ]
+        best = max(nonblocking) if nonblocking else None
+        blocking = peers.get("cupy_blocking", {}).get("requests_per_s")
+        lag = ours.get("loop_lag_p99_ms")
+        goal = (
+            rps is not None
+            and (best is None or rps >= 1.5 * best)
+            and (blocking is None or rps >= blocking)
+            and lag is not None
+            and lag <= 2.0
+        )
+        if rps is None:
+            met = "n/a"
+        elif goal:
+            met = "met" if best is not None and blocking is not None else "met (peers skipped)"
+        else:
+            met = "missed"
+        rows.append([loop, _ratio(rps, best), _ratio(rps, blocking),
+                     "-" if lag is None else f"{lag:.2f}", met])  # fmt: skip
+    return rows
+
+
+def render(by_loop: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
+    rows = []
+    for loop, peers in by_loop.items():
+        for peer, r in peers.items():
+            if "skipped" in r:
+                rows.append([loop, peer, "skipped", "-", "-", "-", r["skipped"][:90]])
+                continue
+            ok = f"{r['checked']} checked, {r['mismatches']} wrong, {r['errors']} errors"
+            rows.append([loop, peer, f"{r['requests_per_s']:.0f}",
+                         f"{r['p50_ms']:.2f}" if r["p50_ms"] is not None else "-",
+                         f"{r['p99_ms']:.2f}" if r["p99_ms"] is not None else "-",
+                         f"{r['loop_lag_p99_ms']:.2f}", ok])  # fmt: skip
+    body = table(["loop", "service", "requests/s", "p50 ms", "p99 ms", "loop lag p99 ms",
+                  "responses vs numpy"], rows)  # fmt: skip
+    goals = table(["server loop", "asynccube vs best non-blocking peer (goal >= 1.5x)",
+                   "vs blocking CuPy handler (goal >= 1.0x)", "asynccube loop lag p99 ms "
+                   "(goal <= 2)", "goal"], _verdicts(by_loop))  # fmt: skip
+    return (
+        f"{body}\n\n{goals}\n\nEach request: 256 KiB float32 in, `y = 2x + 1`, 256 KiB out; "
+        f"{args.clients} concurrent clients from {args.procs} load processes on loopback, "
+        f"{args.warmup:g} s warm-up then {args.seconds:g} s measured per service. Command: "
+        f"`python benchmarks/bench_service.py --device {args.device}`."
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="host")
+    p.add_argument("--loops", default="asyncio,uvloop")
+    p.add_argument("--peers", default=",".join(PEERS))
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--procs", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 4)))
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--name", default="", help="results name (default: service, service_host)")
+    p.add_argument("--json-only", action="store_true", help="print the figures, write nothing")
+    args = p.parse_args()
+    by_loop: dict[str, dict[str, Any]] = {}
+    for loop in args.loops.split(","):
+        if loop == "uvloop" and not _has_uvloop():
+            by_loop[loop] = {peer: {"skipped": "uvloop is not installed"} for peer in PEERS}
+            continue
+        by_loop[loop] = {}
+        for peer in args.peers.split(","):
+            r = run_one(peer, loop, args)
+            by_loop[loop][peer] = r
+            print(f"{loop:8} {peer:14} {json.dumps(r)}", flush=True)
+    if args.json_only:
+        print(json.dumps(by_loop))
+        return 0
+    device = args.device if args.device != "host" else ""
+    name = args.name or ("service" if device else "service_host")
+    env = environment(device)
+    write(name, f"GPU service under load (issue 11), device {args.device}", env,
+          render(by_loop, args), {"results": by_loop, "args": vars(args)})  # fmt: skip
+    wrong = sum(r.get("mismatches", 0) + r.get("errors", 0) for v in by_loop.values()
+                for r in v.values())  # fmt: skip
+    return 1 if wrong else 0
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+/* The driver's floor, measured from C: built at bench time by benchmarks/_floor.py.
+ *
+ * No CUDA headers: the few driver types and entry points are declared here and
+ * resolved with dlopen("libcuda.so.1"), as asynccube's own extension does.
+ *
+ * Built two ways from this one file:
+ *   gcc -O2 -DFLOOR_MAIN floor.c -ldl -o floor     a C program: timed loops of
+ *       cuLaunchKernel (4-arg add4, empty kernel), launch + cuStreamSynchronize,
+ *       1 KiB cuMemcpyDtoHAsync + sync, cuMemAllocAsync + cuMemFreeAsync 1 MiB;
+ *       prints one JSON object. argv: CUBIN_PATH
+ *   gcc -O2 -shared -fPIC -DFLOOR_EXT -I<python include> floor.c -ldl -o _floor.so
+ *       a CPython extension: launch() does one pre-packed cuLaunchKernel per Python
+ *       call (the C-extension-call floor).
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef FLOOR_EXT
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#endif
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream;
+typedef unsigned long long CUdeviceptr;
+
+static CUresult (*cuInit)(unsigned);
+static CUresult (*cuDeviceGet)(CUdevice *, int);
+static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+static CUresult (*cuCtxSetCurrent)(CUcontext);
+static CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+static CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+static CUresult (*cuStreamCreate)(CUstream *, unsigned);
+static CUresult (*cuStreamSynchronize)(CUstream);
+static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+static CUresult (*cuMemHostAlloc)(void **, size_t, unsigned);
+static CUresult (*cuMemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+static CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+static CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
+static CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                  unsigned, unsigned, unsigned, CUstream, void **, void **);
+
+static const char *floor_error = NULL;
+static int floor_code = 0;
+
+/* the _v2 names are the ABI that cuda.h's unversioned names map to */
+#define RESOLVE(lib, name)                                       \
+    do {                                                         \
+        *(void **)(&name) = dlsym(lib, #name "_v2");             \
+        if (!name) *(void **)(&name) = dlsym(lib, #name);        \
+        if (!name) { floor_error = "dlsym " #name; return -1; }  \
+    } while (0)
+
+static int resolve(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) { floor_error = "dlopen libcuda.so.1"; return -1; }
+    RESOLVE(lib, cuInit);
+    RESOLVE(lib, cuDeviceGet);
+    RESOLVE(lib, cuDevicePrimaryCtxRetain);
+    RESOLVE(lib, cuCtxSetCurrent);
+    RESOLVE(lib, cuModuleLoadData);
+    RESOLVE(lib, cuModuleGetFunction);
+    RESOLVE(lib, cuStreamCreate);
+    RESOLVE(lib, cuStreamSynchronize);
+    RESOLVE(lib, cuMemHostAlloc);
+    RESOLVE(lib, cuMemcpyDtoHAsync);
+    RESOLVE(lib, cuMemAllocAsync);
+    RESOLVE(lib, cuMemFreeAsync);
+    RESOLVE(lib, cuLaunchKernel);
+    RESOLVE(lib, cuMemAlloc);
+    return 0;
+}
+
+#define CK(call)                                                        \
+    do {                                                                \
+        CUresult e_ = (call);                                           \
+        if (e_) { floor_error = #call; floor_code = e_; return -1; }    \
+    } while (0)
+
+static CUstream stream;
+static CUfunction add4, empty;
+static CUdeviceptr bufs[3];
+static unsigned n_elems = 4096;
+static void *add4_params[4];
+static unsigned grid;
+
+static int setup(const void *cubin) {
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    if (resolve()) return -1;
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuCtxSetCurrent(ctx));
+    CK(cuModuleLoadData(&mod, cubin));
+    CK(cuModuleGetFunction(&add4, mod, "add4"));
+    CK(cuModuleGetFunction(&empty, mod, "empty_kernel"));
+    CK(cuStreamCreate(&stream, 1 /* CU_STREAM_NON_BLOCKING */));
+    for (int i = 0; i < 3; ++i) CK(cuMemAlloc(&bufs[i], 4 * (size_t)n_elems));
+    for (int i = 0; i < 3; ++i) add4_params[i] = &bufs[i];
+    add4_params[3] = &n_elems;
+    grid = (n_elems + 255) / 256;
+    return 0;
+}
+
+static inline CUresult launch_add4(void) {
+    return cuLaunchKernel(add4, grid, 1, 1, 256, 1, 1, 0, stream, add4_params, NULL);
+}
+
+#ifdef FLOOR_MAIN
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *xs, int n) {
+    qsort(xs, n, sizeof(double), cmp);
+    return xs[n / 2];
+}
+
+/* best of 3 rounds of `reps` launches, amortized (the Python figures use the same) */
+static int launch_floor(CUfunction f, unsigned g, unsigned b, void **params, double *us) {
+    const int reps = 20000;
+    double best = 1e9;
+    for (int round = 0; round < 3; ++round) {
+        double t0 = now();
+        for (int i = 0; i < reps; ++i)
+            CK(cuLaunchKernel(f, g, 1, 1, b, 1, 1, 0, stream, params, NULL));
+        CK(cuStreamSynchronize(stream));
+        double t = (now() - t0) / reps * 1e6;
+        if (t < best) best = t;
+    }
+    *us = best;
+    return 0;
+}
+
+static double samples[2200];
+
+static int run(void) {
+    double add4_us, empty_us, sync_us, read_us, alloc_us, t0;
+    void *pinned;
+    CK(launch_add4());
+    CK(cuStreamSynchronize(stream));
+    if (launch_floor(add4, grid, 256, add4_params, &add4_us)) return -1;
+    if (launch_floor(empty, 1, 1, NULL, &empty_us)) return -1;
+    for (int i = 0; i < 2200; ++i) {
+        t0 = now();
+        CK(cuLaunchKernel(empty, 1, 1, 1, 1, 1, 1, 0, stream, NULL, NULL));
+        CK(cuStreamSynchronize(stream));
+        samples[i] = now() - t0;
+    }
+    sync_us = median(samples + 200, 2000) * 1e6;
+    CK(cuMemHostAlloc(&pinned, 1024, 0));
+    for (int i = 0; i < 2200; ++i) {
+        t0 = now();
+        CK(cuMemcpyDtoHAsync(pinned, bufs[0], 1024, stream));
+        CK(cuStreamSynchronize(stream));
+        samples[i] = now() - t0;
+    }
+    read_us = median(samples + 200, 2000) * 1e6;
+    t0 = now();
+    for (int i = 0; i < 20000; ++i) {
+        CUdeviceptr p;
+        CK(cuMemAllocAsync(&p, 1 << 20, stream));
+        CK(cuMemFreeAsync(p, stream));
+    }
+    alloc_us = (now() - t0) / 20000 * 1e6;
+    CK(cuStreamSynchronize(stream));
+    printf("{\"c_launch_add4_us\": %.4f, \"c_launch_empty_us\": %.4f, "
+           "\"c_launch_sync_us\": %.4f, \"c_read_1KiB_sync_us\": %.4f, "
+           "\"c_alloc_free_async_1MiB_us\": %.4f}\n",
+           add4_us, empty_us, sync_us, read_us, alloc_us);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) { fprintf(stderr, "usage: floor CUBIN\n"); return 2; }
+    FILE *f = fopen(argv[1], "rb");
+    if (!f) { perror(argv[1]); return 2; }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *cubin = malloc(size);
+    if (!cubin || fread(cubin, 1, size, f) != (size_t)size) { fprintf(stderr, "read\n"); return 2; }
+    fclose(f);
+    if (setup(cubin) || run()) {
+        printf("{\"error\": \"%s\", \"code\": %d}\n", floor_error, floor_code);
+        return 1;
+    }
+    return 0;
+}
+#endif
+
+#ifdef FLOOR_EXT
+static PyObject *fail(void) {
+    return PyErr_Format(PyExc_RuntimeError, "%s failed (CUresult %d)", floor_error, floor_code);
+}
+
+static PyObject *py_setup(PyObject *self, PyObject *cubin) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(cubin, &view, PyBUF_SIMPLE)) return NULL;
+    int bad = setup(view.buf);
+    PyBuffer_Release(&view);
+    if (bad) return fail();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_launch(PyObject *self, PyObject *unused) {
+    CUresult e = launch_add4();
+    if (e) { floor_error = "cuLaunchKernel"; floor_code = e; return fail(); }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_sync(PyObject *self, PyObject *unused) {
+    CUresult e = cuStreamSynchronize(stream);
+    if (e) { floor_error = "cuStreamSynchronize"; floor_code = e; return fail(); }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"setup", py_setup, METH_O, "setup(cubin): load add4 from the cubin, allocate buffers"},
+    {"launch", py_launch, METH_NOARGS, "one cuLaunchKernel of add4, pre-packed"},
+    {"sync", py_sync, METH_NOARGS, "cuStreamSynchronize of the floor's stream"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_floor", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__floor(void) { return PyModule_Create(&module); }
+#endif

@@ -1,0 +1,33 @@
+"""benchmarks/bench_service.py runs on the host server: the asynccube service answers
+every request correctly under load from another process; GPU peers are skipped with the
+reason."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.mark.slow
+def test_service_benchmark_runs_on_the_host_server() -> None:
+    pytest.importorskip("aiohttp")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_service.py"), "--device", "host",
+           "--loops", "asyncio", "--clients", "8", "--procs", "1", "--seconds", "1",
+           "--warmup", "0.5", "--json-only"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=100, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    by_loop = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = by_loop["asyncio"]["asynccube"]
+    assert ours["checked"] > 0
+    assert ours["requests_per_s"] > 0
+    assert ours["mismatches"] == 0
+    assert ours["errors"] == 0
+    assert ours["loop_lag_p99_ms"] >= 0
+    for peer in ("cupy_thread", "torch_thread", "cupy_blocking"):
+        assert "needs a GPU" in by_loop["asyncio"][peer]["skipped"]
