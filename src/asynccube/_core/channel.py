@@ -19,14 +19,13 @@ import asyncio
 import enum
 import sys
 import time
-import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .completion import CompletionWatcher
 from .errors import AsyncCubeError, ClientClosedError, ClientDeadError, LoopMismatchError, Unknown
-from .held import HeldErrors
+from .held import HeldErrors, detach_frames
 from .server import Completion, ComputeServer
 from .stream_id import StreamId
 
@@ -229,12 +228,12 @@ class Channel:
         """Keep ``exc`` for the next awaited command on ``stream`` (or die if sticky).
 
         A held error keeps no frames: its traceback becomes a note naming where it was
-        raised (see :func:`_detach_frames`).
+        raised (see :func:`.held.detach_frames`).
         """
         if getattr(exc, "sticky", False):
             self._die(exc)
             return
-        _detach_frames(exc)
+        detach_frames(exc)
         if not isinstance(exc, AsyncCubeError):
             wrapped = Unknown(f"{type(exc).__name__}: {exc}")
             wrapped.__cause__ = exc
@@ -380,27 +379,6 @@ class Channel:
             raise exc
 
         self.send(boom)
-
-
-def _detach_frames(exc: BaseException) -> None:
-    """Replace the traceback of ``exc`` (and of its causes) by a note naming where it
-    was raised. A traceback keeps each of its frames alive, and through ``f_back`` each
-    frame's callers, all with their locals: the arguments of the command that failed,
-    whose handles would keep their memory until the error is taken, maybe never (the
-    stream of a cancelled task)."""
-    seen: set[int] = set()
-    error: BaseException | None = exc
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        tb = error.__traceback__
-        if tb is not None:
-            where = "\n".join(  # no source lines: reading files would block the loop
-                f'  File "{frame.f_code.co_filename}", line {line}, in {frame.f_code.co_name}'
-                for frame, line in traceback.walk_tb(tb)
-            )
-            error.add_note(f"raised by a command that was not awaited, at:\n{where}")
-            error.__traceback__ = None
-        error = error.__cause__ or error.__context__
 
 
 def _awaited(pending: Awaitable[None]) -> Awaitable[None]:

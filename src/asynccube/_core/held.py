@@ -10,6 +10,7 @@ host server's workers for errors raised while the work runs. The store is thread
 from __future__ import annotations
 
 import threading
+import traceback
 
 from .stream_id import StreamId
 
@@ -51,3 +52,24 @@ class HeldErrors:
         with self._lock:
             held, self._held = self._held, {}
         return [exc for stream in sorted(held) for exc in held[stream]]
+
+
+def detach_frames(exc: BaseException) -> None:
+    """Replace the traceback of ``exc`` (and of its causes) by a note naming where it
+    was raised. A traceback keeps each of its frames alive, and through ``f_back`` each
+    frame's callers, all with their locals: the arguments of the command that failed,
+    whose handles would keep their memory until the error is taken, maybe never (the
+    stream of a cancelled task)."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        tb = error.__traceback__
+        if tb is not None:
+            where = "\n".join(  # no source lines: reading files would block the loop
+                f'  File "{frame.f_code.co_filename}", line {line}, in {frame.f_code.co_name}'
+                for frame, line in traceback.walk_tb(tb)
+            )
+            error.add_note(f"raised by a command that was not awaited, at:\n{where}")
+            error.__traceback__ = None
+        error = error.__cause__ or error.__context__
