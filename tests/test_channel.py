@@ -151,6 +151,30 @@ async def test_actor_death_fails_pending_and_later_awaitables() -> None:
     await client.close()  # closing a dead client does not hang or raise
 
 
+async def test_settled_and_cancelled_awaitables_are_not_kept(
+    host_client: ac.ComputeClient,
+) -> None:
+    """The channel forgets each awaitable as it settles it (no done-callback per
+    command), and awaitables their callers cancelled stay bounded until pruned."""
+    channel = host_client._channel
+    for _ in range(10):
+        await host_client.sync()
+    assert not channel._pending
+    slow = host_client.empty(8)
+    host_client.execute(
+        SLOW_FILL,
+        ac.CubeCount(1),
+        ac.Bindings().with_buffer(slow).with_scalar(np.float32, [0.02]).with_scalar(np.uint8, [1]),
+    )
+    for _ in range(6):
+        for _ in range(200):
+            host_client.sync().cancel()
+        await asyncio.sleep(0)  # keep each loop step short (the loop-lag probe)
+    assert len(channel._pending) <= 2 * 256
+    await host_client.sync()
+    assert not channel._pending
+
+
 async def test_call_from_another_thread_is_refused(host_client: ac.ComputeClient) -> None:
     errors: list[BaseException] = []
 
@@ -243,3 +267,27 @@ async def test_lag_probe_detects_a_blocked_loop() -> None:
         await asyncio.sleep(0)
         assert await probe.stop() > 0.005
         assert "test_lag_probe_detects_a_blocked_loop" in probe.culprit
+
+
+async def test_a_loaded_kernel_with_a_static_count_skips_prepare() -> None:
+    """A server that lists its loaded kernels is not asked to prepare a launch of one
+    (the CUDA server: nothing to compile or read back); others still are."""
+    calls: list[str] = []
+
+    class Preparing(ac.HostServer):
+        loaded_kernels = frozenset({ADD.id})
+
+        def prepare(self, kernel: ac.Kernel, count: ac.CubeCount, stream: object) -> None:
+            calls.append(kernel.id)
+
+    client = ac.ComputeClient(Preparing(), asyncio.get_running_loop())
+    try:
+        a, b, out = client.create(bytes(16)), client.create(bytes(16)), client.empty(16)
+        client.execute(ADD, blocks(4), add_bindings(a, b, out, 4))
+        client.execute(NOOP, ac.CubeCount(1), ac.Bindings())
+        dims = client.create(np.ones(3, np.uint32))
+        client.execute(ADD, ac.CubeCount.dynamic(dims.binding()), add_bindings(a, b, out, 4))
+        await client.sync()
+    finally:
+        await client.close()
+    assert calls == [NOOP.id, ADD.id]  # not the first launch: loaded, static count

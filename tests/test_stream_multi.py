@@ -263,6 +263,50 @@ def test_flush_all_and_existing_streams() -> None:
     assert ms.existing_streams() == [*backend.created[:2], gc]
 
 
+def test_a_shared_binding_after_own_ones_still_waits() -> None:
+    """The same-stream fast path stops at the first foreign origin and waits on it."""
+    ms, backend = multi_stream()
+    own, other = binding(S1), binding(S2)
+    ms.resolve(S2, [other])
+    ms.resolve(S1, [own, own, other])
+    assert [(stream, event.origin) for stream, event in backend.waits] == [(1, 0)]
+    assert ms.origin(own) == ms.origin(other) == (S1, 1)
+
+
+def test_existing_streams_are_in_slot_order_whatever_the_creation_order() -> None:
+    ms, backend = multi_stream()
+    ms.resolve(S3, [])
+    ms.resolve(S1, [])
+    assert [e.origin for e in ms.flush_all()] == [1, 0]  # slot 1 (S1) first, then S3
+    assert ms.existing_streams()[:2] == [backend.created[1], backend.created[0]]
+
+
+def test_advance_is_resolve_without_bindings() -> None:
+    ms, backend = multi_stream()
+    assert ms.advance(S1) == 1
+    assert ms.resolve(S1, ()).cursor == 2
+    assert ms.advance(S1) == 3
+    assert backend.waits == [] and len(backend.created) == 1
+
+
+def test_flush_pending_skips_streams_known_complete() -> None:
+    """A sync flushes only streams with work since the last sync seen complete."""
+    ms, _ = multi_stream()
+    ms.resolve(S1, [])
+    ms.resolve(S2, [])
+    events, marks = ms.flush_pending()
+    assert [e.origin for e in events] == [0, 1]
+    again, _ = ms.flush_pending()  # not marked done yet: flushed again
+    assert [e.origin for e in again] == [0, 1]
+    ms.mark_done(marks)
+    assert ms.flush_pending() == ([], [])
+    ms.resolve(S2, [])
+    events, marks = ms.flush_pending()
+    assert [e.origin for e in events] == [1]
+    ms.mark_done([(marks[0][0], 0)])  # an older mark never moves "done" back
+    assert [e.origin for e in ms.flush_pending()[0]] == [1]
+
+
 # -- streaming logs -------------------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ __all__ = ["Channel", "State"]
 T = TypeVar("T")
 Op = Callable[..., Awaitable[None] | None]
 _BATCH_SECONDS = 0.001
+_PRUNE_AT = 256
 
 
 class State(enum.Enum):
@@ -57,7 +58,11 @@ class Channel:
         # Per logical stream; shared with a server that reports errors from its workers.
         held = getattr(server, "held_errors", None)
         self._held = held if isinstance(held, HeldErrors) else HeldErrors()
+        # Awaitables not settled yet, failed at once if the actor dies. The channel drops
+        # each as it settles it (no done-callback: that is a loop handle per command);
+        # those settled elsewhere (cancelled by their caller) are pruned in bulk.
         self._pending: set[asyncio.Future[Any]] = set()
+        self._prune_at = _PRUNE_AT
         self._death: BaseException | None = None
         self._stop = False
         self._batch_end_scheduled = False
@@ -140,8 +145,11 @@ class Channel:
     def request(self, op: Op, *args: Any) -> asyncio.Future[Any]:
         """Queue a command whose last argument is the future it resolves; return it."""
         fut: asyncio.Future[Any] = self.loop.create_future()
-        self._pending.add(fut)
-        fut.add_done_callback(self._pending.discard)
+        pending = self._pending
+        if len(pending) >= self._prune_at:
+            pending.difference_update([f for f in pending if f.done()])
+            self._prune_at = max(_PRUNE_AT, 2 * len(pending))
+        pending.add(fut)
         self.send(op, *args, fut)
         return fut
 
@@ -211,10 +219,11 @@ class Channel:
         """Run ``fn(*args[:-1], stream)`` and resolve the future ``args[-1]`` from it."""
         *call_args, fut = args
         if fut.done():
+            self._pending.discard(fut)
             return
         held = self.take_held(stream)
         if held is not None:
-            fut.set_exception(held)
+            self._fail(fut, held)
             return
         try:
             completion = fn(*call_args, stream)
@@ -227,29 +236,37 @@ class Channel:
         """Run ``fn(*args[:-1], stream)`` and resolve the future ``args[-1]`` with it."""
         *call_args, fut = args
         if fut.done():
+            self._pending.discard(fut)
             return
         held = self.take_held(stream)
         if held is not None:
-            fut.set_exception(held)
+            self._fail(fut, held)
             return
         try:
-            fut.set_result(fn(*call_args, stream))
+            value = fn(*call_args, stream)
         except BaseException as exc:
             self._fail(fut, exc)
+            return
+        self._pending.discard(fut)
+        fut.set_result(value)
 
     def _resolve(self, fut: asyncio.Future[Any], completion: Completion[Any]) -> None:
         try:
             value = completion.result()
         except BaseException as exc:
-            if not fut.done():
+            if fut.done():
+                self._pending.discard(fut)
+            else:
                 self._fail(fut, exc)
             return
+        self._pending.discard(fut)
         if not fut.done():
             fut.set_result(value)
 
     def _fail(self, fut: asyncio.Future[Any], exc: BaseException) -> None:
         if getattr(exc, "sticky", False):
             self._die(exc)
+        self._pending.discard(fut)
         if not fut.done():
             fut.set_exception(exc)
 
@@ -275,6 +292,7 @@ class Channel:
         leftovers = self._held.drain()
         if error is not None:
             leftovers.insert(0, error)
+        self._pending.discard(fut)
         if fut.done():
             return
         if leftovers:

@@ -9,14 +9,14 @@ The routes of the main commands on CUDA, hop by hop (a hop in brackets is the ca
 the channel, that takes the command on; ``tests/test_routes.py`` checks each name)::
 
     route: client_core.ClientCore.execute -> [channel.Channel.send]
-        -> client_core.ClientCore._execute -> [channel.Channel.fire]
-        -> cuda.launch.LaunchOps.execute -> driver:cuLaunchKernel
+        -> client_core.ClientCore._execute -> cuda.launch.LaunchOps.execute
+        -> driver:cuLaunchKernel
     route: client_core.ClientCore.read -> [channel.Channel.request]
         -> client_core.ClientCore._read -> [channel.Channel.await_completion]
         -> cuda.transfers.TransferOps.read -> cuda.copies.issue_copy
         -> driver:cuMemcpyDtoHAsync
     route: client_core.ClientCore.sync -> [client_core.ClientCore._request]
-        -> cuda.server.CudaServer.sync -> stream.multi.MultiStream.flush_all
+        -> cuda.server.CudaServer.sync -> stream.multi.MultiStream.flush_pending
         -> cuda.streams.CudaBackend.flush -> cuda.completion.EventPool.record
         -> driver:cuEventRecord
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,6 +64,7 @@ from .types import (
 __all__ = ["ClientCore"]
 
 Job = Callable[[], None]
+_get_running_loop = asyncio._get_running_loop
 
 
 class ClientCore:
@@ -79,6 +80,9 @@ class ClientCore:
         # Optional server hooks: blocking work (compiling, loading, pinning memory) that
         # the actor runs in a worker thread before the command, never on the loop.
         self._prepare: Callable[..., Job | None] | None = getattr(server, "prepare", None)
+        # Optional: the ids of kernels the server has loaded (a launch of one with a static
+        # count has nothing to prepare: the call to ``prepare`` is skipped).
+        self._loaded: Container[str] = getattr(server, "loaded_kernels", ())
         self._prepare_write: Callable[..., Job | None] | None = getattr(
             server, "prepare_write", None
         )
@@ -178,9 +182,12 @@ class ClientCore:
 
     def empty(self, size: int) -> Handle:
         """A new uninitialized buffer of ``size`` bytes."""
-        self._channel.check()
-        handle = self._mint(size)
-        self._send_fire(self._server.create, [handle])
+        channel = self._channel
+        if channel.state is not State.OPEN or _get_running_loop() is not channel.loop:
+            channel.check()  # raises
+        stream = StreamId.current()
+        handle = self._mint(size, stream)
+        channel.send(channel.fire, stream, self._server.create, [handle])
         return handle
 
     def create_tensors(
@@ -227,7 +234,7 @@ class ClientCore:
         self._send_fire(self._server.create, handles)
         return [(h, strides) for h, (_, strides) in zip(handles, layouts, strict=True)]
 
-    def _mint(self, size: int) -> Handle:
+    def _mint(self, size: int, stream: StreamId | None = None) -> Handle:
         if not _is_int(size):
             raise InvalidArgument(f"size must be an int, got {type(size).__name__}")
         size = int(size)  # numpy integers are ordinary ints
@@ -236,7 +243,7 @@ class ClientCore:
             raise BufferTooBig(size, "sizes must be >= 0")
         if size > limit:
             raise BufferTooBig(size, f"the largest allocation on {self.device} is {limit} bytes")
-        return self._server.new_handle(size, StreamId.current())
+        return self._server.new_handle(size, stream if stream is not None else StreamId.current())
 
     # -- data movement ------------------------------------------------------------------
 
@@ -301,7 +308,8 @@ class ClientCore:
     ) -> None:
         """Queue ``kernel`` over ``bindings`` with ``count`` cubes (fire-and-forget)."""
         channel = self._channel
-        channel.check()
+        if channel.state is not State.OPEN or _get_running_loop() is not channel.loop:
+            channel.check()  # raises
         if type(kernel) is not Kernel or type(count) is not CubeCount:
             _bad_execute(kernel, count, bindings, mode)
         if type(bindings) is not Bindings or type(mode) is not ExecutionMode:
@@ -316,12 +324,18 @@ class ClientCore:
         bindings: Bindings,
         mode: ExecutionMode,
     ) -> Any:
-        job = self._prepare(kernel, count, stream) if self._prepare is not None else None
-        fire = self._channel.fire
+        prepare = self._prepare
+        if prepare is None or (count.binding is None and kernel.id in self._loaded):
+            job = None
+        else:
+            job = prepare(kernel, count, stream)
         if job is not None:
-            execute = self._server.execute
+            fire, execute = self._channel.fire, self._server.execute
             return self._after(job, stream, fire, stream, execute, kernel, count, bindings, mode)
-        fire(stream, self._server.execute, kernel, count, bindings, mode)
+        try:  # Channel.fire, inlined: one frame less per launch
+            self._server.execute(kernel, count, bindings, mode, stream)
+        except BaseException as exc:
+            self._channel.hold(stream, exc)
         return None
 
     async def _after(

@@ -44,7 +44,7 @@ class SliceServer(Generic[M]):
         """Reserve memory for each minted handle (a failure leaves it invalid, naming
         the cause, and is raised)."""
         self._release_dropped()
-        cursor = self._streams.resolve(stream, ()).cursor
+        cursor = self._streams.advance(stream)
         for handle in handles:
             self._reserve(handle, stream, cursor)
 

@@ -24,11 +24,8 @@ _owned: ContextVar[tuple[weakref.ReferenceType[object] | int, StreamId] | None] 
 _pinned: ContextVar[StreamId | None] = ContextVar("asynccube_stream_pinned", default=None)
 
 
-def _running_task() -> asyncio.Task[object] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:  # no running loop in this thread
-        return None
+_get_running_loop = asyncio._get_running_loop
+_current_task = asyncio.current_task  # C on Python 3.12+
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -52,7 +49,8 @@ class StreamId:
         if pinned is not None:
             return pinned
         owned = _owned.get()
-        task = _running_task()
+        loop = _get_running_loop()  # this is on every command: no helper frames
+        task = None if loop is None else _current_task(loop)
         if owned is not None:
             owner = owned[0]
             if task is not None:

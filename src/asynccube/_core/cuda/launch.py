@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any, Final
 
 from ..bindings import Bindings, CubeCount
@@ -37,6 +37,12 @@ class LaunchOps(ProfileOps):
     """Kernel loading, checking and launching."""
 
     # -- execution ------------------------------------------------------------------
+
+    @property
+    def loaded_kernels(self) -> Container[str]:
+        """The ids of the kernels loaded so far (``prepare`` has nothing to do for a
+        launch of one with a static count; the client then skips calling it)."""
+        return self._kernels.keys()
 
     def prepare(
         self, kernel: Kernel, count: CubeCount | None = None, stream: StreamId | None = None

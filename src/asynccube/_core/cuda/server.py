@@ -160,11 +160,13 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps):
         self._collect()
 
     def sync(self, stream: StreamId) -> CudaCompletion[None]:
-        """Completes when every stream has finished the work queued so far."""
+        """Completes when every stream has finished the work queued so far. A stream
+        whose work is known complete (no launch or copy since a sync that saw it done)
+        records no event."""
         self._collect()
-        events = self._streams.flush_all()
+        events, marks = self._streams.flush_pending()
         current = self._streams.streams.get(stream).stream
-        return self._completion(events, current, None)
+        return self._completion(events, current, lambda: self._streams.mark_done(marks))
 
     # -- memory ---------------------------------------------------------------------
 

@@ -59,12 +59,14 @@ class EventStreamBackend(Protocol[St, Ev]):
 class StreamWrapper(Generic[St]):
     """A backend stream with its cursor and the cursors it last synchronized with."""
 
-    __slots__ = ("cursor", "last_synced", "stream")
+    __slots__ = ("cursor", "done", "last_synced", "stream")
 
     def __init__(self, stream: St) -> None:
         self.stream = stream
         self.cursor = 0
         self.last_synced: dict[int, int] = {}
+        self.done = -1
+        """The cursor up to which the stream's work is known complete (-1: none)."""
 
     def __repr__(self) -> str:
         return f"StreamWrapper(cursor={self.cursor}, last_synced={self.last_synced})"
@@ -150,17 +152,32 @@ class MultiStream(Generic[St, Ev]):
         """
         if not isinstance(bindings, list):
             bindings = list(bindings)
-        analysis = self._shared(stream_id, bindings) if bindings else None
-        if analysis is not None:
-            self.apply_analysis(stream_id, analysis)
-        current = self.streams.get(stream_id)
+        max_streams = self.max_streams
+        own = stream_id.value % max_streams
+        last_use = self.last_use
+        analysis = None
+        for binding in bindings:  # fast path: every origin is on this stream's slot
+            origin = last_use.get(binding.memory.id)
+            if (binding.stream if origin is None else origin[0]).value % max_streams != own:
+                analysis = self._shared(stream_id, bindings)
+                if analysis is not None:
+                    self.apply_analysis(stream_id, analysis)
+                break
+        current = self.streams.slots[own] or self.streams.get_index(own)
         cursor = current.cursor = current.cursor + 1
         if bindings:
             stamp = (stream_id, cursor)
-            last_use = self.last_use
             for binding in bindings:
                 last_use[binding.memory.id] = stamp
         return ResolvedStreams(cursor, stream_id, current.stream, analysis)
+
+    def advance(self, stream_id: StreamId) -> int:
+        """``resolve(stream_id, ()).cursor`` without building the result: advance the
+        stream's cursor (an operation with no bindings, e.g. an allocation)."""
+        own = stream_id.value % self.max_streams
+        current = self.streams.slots[own] or self.streams.get_index(own)
+        cursor = current.cursor = current.cursor + 1
+        return cursor
 
     def origin(self, binding: Binding) -> tuple[StreamId, int]:
         """Where the data of ``binding`` comes from: the last use of its slice."""
@@ -231,6 +248,20 @@ class MultiStream(Generic[St, Ev]):
     def flush_all(self) -> list[Ev]:
         """Flush every stream created so far; return their events."""
         return [self.backend.flush(w.stream) for _, w in self.streams.existing()]
+
+    def flush_pending(self) -> tuple[list[Ev], list[tuple[StreamWrapper[St], int]]]:
+        """Flush each stream with work not yet known complete (its cursor moved since
+        a :meth:`mark_done`); return their events and the marks to pass to
+        :meth:`mark_done` once those events completed without error."""
+        marks = [(w, w.cursor) for _, w in self.streams.existing() if w.cursor != w.done]
+        return [self.backend.flush(w.stream) for w, _ in marks], marks
+
+    @staticmethod
+    def mark_done(marks: list[tuple[StreamWrapper[St], int]]) -> None:
+        """Record that each stream's work up to its mark has completed."""
+        for wrapper, cursor in marks:
+            if wrapper.done < cursor:
+                wrapper.done = cursor
 
     def existing_streams(self) -> list[St]:
         """Every backend stream created so far (GC stream included)."""

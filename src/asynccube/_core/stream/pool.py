@@ -29,14 +29,18 @@ class StreamFactory(Protocol[S_co]):
 class StreamPool(Generic[S]):
     """``max_streams`` regular slots plus ``num_special`` special ones, filled lazily."""
 
-    __slots__ = ("_factory", "_slots", "max_streams")
+    __slots__ = ("_created", "_factory", "max_streams", "slots")
 
     def __init__(self, factory: StreamFactory[S], max_streams: int, num_special: int) -> None:
         if not 1 <= max_streams <= 1024:
             raise InvalidArgument(f"max_streams must be in [1, 1024], got {max_streams}")
         self._factory = factory
         self.max_streams = max_streams
-        self._slots: list[S | None] = [None] * (max_streams + num_special)
+        self.slots: list[S | None] = [None] * (max_streams + num_special)
+        """Each slot's stream (None until created); read-only outside this class."""
+        self._created: list[tuple[int, S]] = []
+        """``existing()``, kept in slot order as streams are created (a sync reads it
+        on every call: no scan of the empty slots)."""
 
     def stream_index(self, stream_id: StreamId) -> int:
         """The slot of ``stream_id``."""
@@ -48,10 +52,12 @@ class StreamPool(Generic[S]):
 
     def get_index(self, index: int) -> S:
         """The stream in slot ``index``, created on first use."""
-        stream = self._slots[index]
+        stream = self.slots[index]
         if stream is None:
             stream = self._factory.create()
-            self._slots[index] = stream
+            self.slots[index] = stream
+            self._created.append((index, stream))
+            self._created.sort(key=_slot)
         return stream
 
     def get_special(self, index: int) -> S:
@@ -60,4 +66,8 @@ class StreamPool(Generic[S]):
 
     def existing(self) -> list[tuple[int, S]]:
         """The streams created so far, with their slot."""
-        return [(i, s) for i, s in enumerate(self._slots) if s is not None]
+        return list(self._created)
+
+
+def _slot(entry: tuple[int, object]) -> int:
+    return entry[0]

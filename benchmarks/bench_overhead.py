@@ -1,0 +1,256 @@
+# ruff: noqa: N802, N815  (the fake driver keeps cuda.bindings' names)
+"""Per-command Python overhead of the CUDA path, measured on a machine without a GPU.
+
+Drives the real client -> channel -> CudaServer path against a fake driver whose every
+call returns success at once:
+
+* the hot path's own driver entry points (``_native.c`` resolves them with
+  ``dlopen("libcuda.so.1")``) come from a tiny no-op ``libcuda.so.1`` compiled here with
+  ``cc`` and loaded first, so the compiled extension runs its real C code up to the
+  driver call (the pure-Python twin gets the same functions through ``cuGetProcAddress``);
+* ``cuda.bindings.driver`` (used off the hot path: streams, events, pools) is replaced by
+  a Python object with no-op calls and real pinned-looking host memory (``ctypes``).
+
+NVRTC is real (kernels are compiled as usual). What is left is asynccube's own work per
+command: the figures are what the GPU figures would be with a free driver. Run::
+
+    PYTHONPATH=src python benchmarks/bench_overhead.py [--profile execute|read|sync|empty]
+    ASYNCCUBE_NO_EXTENSIONS=1 PYTHONPATH=src python benchmarks/bench_overhead.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import ctypes
+import itertools
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FAKE_LIBCUDA = r"""
+typedef unsigned long long u64;
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+    unsigned by, unsigned bz, unsigned smem, void *s, void **params, void **extra)
+    { return 0; }
+int cuEventRecord(void *e, void *s) { return 0; }
+int cuEventQuery(void *e) { return 0; }
+int cuStreamWaitEvent(void *s, void *e, unsigned flags) { return 0; }
+int cuMemcpyHtoDAsync_v2(u64 d, const void *h, unsigned long n, void *s) { return 0; }
+int cuMemcpyDtoHAsync_v2(void *h, u64 d, unsigned long n, void *s) { return 0; }
+int cuLaunchHostFunc(void *s, void (*fn)(void *), void *data) { fn(data); return 0; }
+int cuPointerGetAttributes(unsigned n, int *attrs, void **data, u64 ptr) {
+    for (unsigned i = 0; i < n; ++i) *(unsigned *)data[i] = 0; /* not pinned */
+    return 0;
+}
+"""
+
+
+def _fake_libcuda() -> ctypes.CDLL:
+    """Build and load the no-op ``libcuda.so.1`` (its soname makes a later
+    ``dlopen("libcuda.so.1")`` find this one)."""
+    tmp = Path(tempfile.mkdtemp(prefix="asynccube-fakecuda-"))
+    (tmp / "fake.c").write_text(FAKE_LIBCUDA)
+    lib = tmp / "libcuda.so.1"
+    cmd = ["cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib)]
+    subprocess.run([*cmd, str(tmp / "fake.c")], check=True)
+    return ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+
+
+class _Enum:
+    """Any enum namespace of ``cuda.bindings.driver``: every member is 0."""
+
+    def __getattr__(self, name: str) -> int:
+        return 0
+
+
+class FakeDriver:
+    """The parts of ``cuda.bindings.driver`` the CUDA server uses, as no-ops."""
+
+    CU_MEMHOSTALLOC_PORTABLE = 0
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._lib = lib
+        self._ids = itertools.count(0x1000)
+        self._host: dict[int, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("CU"):
+            return _Enum()
+        if name.startswith("cu"):
+            return self._ok
+        raise AttributeError(name)
+
+    def _ok(self, *args: Any) -> tuple[int]:
+        return (0,)
+
+    def _new(self, *args: Any) -> tuple[int, int]:
+        return 0, next(self._ids)
+
+    cuDeviceGet = cuStreamCreate = cuStreamCreateWithPriority = cuEventCreate = _new
+    cuModuleLoadData = cuModuleGetFunction = cuDevicePrimaryCtxRetain = _new
+    cuMemPoolCreate = _new
+
+    def cuDeviceTotalMem(self, dev: Any) -> tuple[int, int]:
+        return 0, 80 << 30
+
+    def cuDeviceGetAttribute(self, attr: Any, dev: Any) -> tuple[int, int]:
+        return 0, 0  # no memory pools: cuMemAlloc
+
+    def cuFuncGetAttribute(self, attr: Any, fn: Any) -> tuple[int, int]:
+        return 0, 1024
+
+    def cuDriverGetVersion(self) -> tuple[int, int]:
+        return 0, 13000
+
+    def cuGetProcAddress(self, name: bytes, *args: Any) -> tuple[int, int]:
+        return 0, ctypes.cast(getattr(self._lib, name.decode()), ctypes.c_void_p).value or 0
+
+    def cuMemGetInfo(self) -> tuple[int, int, int]:
+        return 0, 80 << 30, 80 << 30
+
+    def cuMemAlloc(self, size: int) -> tuple[int, int]:
+        return 0, next(self._ids) << 32
+
+    def cuMemHostAlloc(self, size: int, flags: int) -> tuple[int, int]:
+        buf = ctypes.create_string_buffer(size)
+        ptr = ctypes.addressof(buf)
+        self._host[ptr] = buf
+        return 0, ptr
+
+    def cuMemFreeHost(self, ptr: int) -> tuple[int]:
+        self._host.pop(int(ptr), None)
+        return (0,)
+
+    def cuFuncGetParamInfo(self, fn: Any, index: int) -> tuple[int, int, int]:
+        return 1, 0, 0
+
+    def cuFuncGetParamCount(self, fn: Any) -> tuple[int, int]:
+        raise RuntimeError("as cuda.bindings on a driver before CUDA 13.1")
+
+    def cuPointerGetAttributes(self, n: int, attrs: Any, ptr: int) -> tuple[int, list[int]]:
+        return 0, [-1]  # not pinned
+
+
+def install_fake() -> None:
+    """Route the CUDA server's driver calls to the fakes (before a server is built)."""
+    from asynccube._core.cuda import driver
+
+    driver._module = FakeDriver(_fake_libcuda())
+
+
+def _server() -> Any:
+    from asynccube._core.cuda.driver import DeviceContext
+    from asynccube._core.cuda.server import CudaServer
+    from asynccube._core.server import DeviceProperties
+
+    extra = {
+        "max_grid_dim": (2**31 - 1, 65535, 65535),
+        "arch": "sm_80",
+        "max_threads_per_block": 1024,
+        "max_block_dim": (1024, 1024, 64),
+        "max_shared_memory_per_block_optin": 227 << 10,
+    }
+    props = DeviceProperties("fake", "cuda", 512, 16 << 30, extra)
+    return CudaServer(DeviceContext(0, 1, 1), properties=props)
+
+
+ADD = r"""
+extern "C" __global__ void add(const float* a, const float* b, float* out, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+extern "C" __global__ void empty_kernel() {}
+"""
+
+
+async def measure(which: str, reps: int) -> dict[str, float]:
+    """Microseconds per command for each scenario (best of 3 rounds)."""
+    import asynccube as ac
+    from asynccube._core.client import ComputeClient
+
+    server = _server()
+    client = ComputeClient(server, asyncio.get_running_loop())
+    add = ac.Kernel("ov_add", cuda=ac.CudaSource(ADD, "add", (256, 1, 1)))
+    empty = ac.Kernel("ov_empty", cuda=ac.CudaSource(ADD, "empty_kernel", (1, 1, 1)))
+    n = 4096
+    a, b, o = (client.empty(4 * n) for _ in range(3))
+    bindings = (
+        ac.Bindings()
+        .with_buffers([a.binding(), b.binding(), o.binding()])
+        .with_scalar(np.uint32, [n])
+    )
+    count, one, eb = ac.CubeCount(n // 256), ac.CubeCount(1), ac.Bindings()
+    unchecked = ac.ExecutionMode.UNCHECKED
+    client.execute(add, count, bindings)
+    client.execute(empty, one, eb)
+    h = client.create(bytes(1024))
+    await client.sync()
+
+    async def execute() -> None:
+        for _ in range(reps):
+            client.execute(add, count, bindings, unchecked)
+        await client.sync()
+
+    async def read() -> None:
+        for _ in range(reps):
+            await client.read([h])
+
+    async def sync() -> None:
+        for _ in range(reps):
+            client.execute(empty, one, eb, unchecked)
+            await client.sync()
+
+    async def empty_drop() -> None:
+        for _ in range(reps):
+            client.empty(1 << 20)
+        await client.sync()
+
+    scenarios = {"execute": execute, "read": read, "sync": sync, "empty": empty_drop}
+    out = {}
+    for name, fn in scenarios.items():
+        if which not in ("all", name):
+            continue
+        await fn()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            await fn()
+            best = min(best, (time.perf_counter() - t0) / reps * 1e6)
+        out[name] = best
+    await client.close()
+    return out
+
+
+def main() -> None:
+    """Print µs per command (or a cProfile of one scenario)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=["execute", "read", "sync", "empty"])
+    parser.add_argument("--reps", type=int, default=20000)
+    args = parser.parse_args()
+    install_fake()
+    from asynccube._core.cuda.hotpath import ACTIVE
+
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        asyncio.run(measure(args.profile, args.reps))
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        return
+    figures = asyncio.run(measure("all", args.reps))
+    print(f"hot path: {ACTIVE}, python {sys.version.split()[0]}, pid {os.getpid()}")
+    for name, us in figures.items():
+        print(f"{name:8s} {us:7.2f} us/command")
+
+
+if __name__ == "__main__":
+    main()
