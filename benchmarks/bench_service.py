@@ -185,7 +185,8 @@ def render(by_loop: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         f"{body}\n\n{goals}\n\nEach request: 256 KiB float32 in, `y = 2x + 1`, 256 KiB out; "
         f"{args.clients} concurrent clients from {args.procs} load processes on loopback, "
         f"{args.warmup:g} s warm-up then {args.seconds:g} s measured per service. Command: "
-        f"`python benchmarks/bench_service.py --device {args.device}`."
+        f"`python benchmarks/bench_service.py --device {args.device}` "
+        "(on the GPU: inside `benchmarks/bench_gpu.sh`)."
     )
 
 
