@@ -109,7 +109,8 @@ class ClientCore:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop this client runs on."""
+        """The event loop this client runs on: the asyncio loop, or under trio the
+        backend's adapter (its ``token`` is the run's ``TrioToken``)."""
         return self._channel.loop
 
     @property

@@ -9,7 +9,8 @@ Two paths, picked per completion:
   before its caller suspends (host completions are not: spinning would hold the GIL
   their worker threads need).
 * Any other completion (a CUDA event) is polled with ``done()`` from one poller task,
-  yielding to the loop between rounds (``await asyncio.sleep(0)``), for a short spin
+  yielding to the loop between rounds (the backend's checkpoint: ``asyncio.sleep(0)``),
+  for a short spin
   budget; a completion still pending after that is handed to a waiter thread, which
   blocks in ``wait()`` (never on the loop) and then resolves it through
   ``call_soon_threadsafe``. Short waits are fast; long waits cost no CPU.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
@@ -42,7 +43,8 @@ class CompletionWatcher:
     """Resolves completions on one event loop.
 
     Args:
-        loop: The loop that owns the futures.
+        loop: The loop that owns the futures (asyncio's, or the trio adapter).
+        checkpoint: Yields to that loop once (default ``asyncio.sleep(0)``).
         spin_seconds: How long a completion is polled before a waiter thread takes it.
         sync_spin_seconds: How long a loop-thread completion is polled without yielding.
     """
@@ -50,10 +52,12 @@ class CompletionWatcher:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
+        checkpoint: Callable[[], Awaitable[None]] | None = None,
         spin_seconds: float = 200e-6,
         sync_spin_seconds: float = 30e-6,
     ) -> None:
         self._loop = loop
+        self._checkpoint = checkpoint if checkpoint is not None else _sleep0
         self._spin = spin_seconds
         self._sync_spin = sync_spin_seconds
         self._polling: list[tuple[Completion[Any], Sink, float]] = []
@@ -93,7 +97,7 @@ class CompletionWatcher:
         try:
             while self._polling:
                 self._round()
-                await asyncio.sleep(0)
+                await self._checkpoint()
         finally:
             self._poller = None
 
@@ -127,3 +131,7 @@ class CompletionWatcher:
         if self._waiters is not None:
             self._waiters.shutdown(wait=False)
             self._waiters = None
+
+
+def _sleep0() -> Awaitable[None]:
+    return asyncio.sleep(0)

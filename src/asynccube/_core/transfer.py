@@ -62,7 +62,7 @@ async def _wait(fut: asyncio.Future[Any], peer: ClientCore) -> None:
     """Wait for ``fut``, set by ``peer``'s actor; fail it if that actor is gone first
     (a dead channel drops its queued commands unrun)."""
     while not fut.done():
-        await asyncio.wait([fut], timeout=0.05)
+        await peer._channel.backend.wait(fut, timeout=0.05)
         state = peer._channel.state
         if not fut.done() and state in (State.DEAD, State.CLOSED):
             fut.set_exception(ClientDeadError(f"the {peer.device} client ended before the copy"))
@@ -100,7 +100,7 @@ def _write_when_read(
 async def _after_read(
     other: ClientCore, dst: Handle, data: asyncio.Future[list[Any]], stream: StreamId
 ) -> None:
-    await asyncio.wait([data])  # a request future: a dead channel fails it at once
+    await other._channel.backend.wait(data)  # a request future: a dead channel fails it
     other._channel.activate()
     pending = _write(other, dst, data, stream)
     if pending is not None:
