@@ -56,12 +56,15 @@ class Backend(Protocol):
 
     name: str
     """``"asyncio"`` or ``"trio"``."""
-    loop: asyncio.AbstractEventLoop
-    """The loop the channel drives: the asyncio loop, or trio's adapter."""
     cancelled: tuple[type[BaseException], ...]
     """The exceptions that mean "this task was cancelled" (they must propagate)."""
     thread_hint: str
     """How to reach the client from another thread (for LoopMismatchError)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the channel drives: the asyncio loop, or trio's adapter."""
+        ...
 
     def on_loop(self) -> bool:
         """True when called from a task of this loop (asked only when asyncio's running
@@ -72,8 +75,8 @@ class Backend(Protocol):
         """Yield to the loop once."""
         ...
 
-    async def wait(self, fut: asyncio.Future[Any], timeout: float | None = None) -> None:
-        """Wait until ``fut`` is done (or ``timeout`` passed); never cancels ``fut``."""
+    async def wait(self, fut: asyncio.Future[Any], within: float | None = None) -> None:
+        """Wait until ``fut`` is done (or ``within`` seconds passed); never cancels it."""
         ...
 
     async def shield(self, fut: asyncio.Future[T]) -> T:
@@ -103,9 +106,9 @@ class AsyncioBackend:
         """``asyncio.sleep(0)``."""
         return asyncio.sleep(0)
 
-    async def wait(self, fut: asyncio.Future[Any], timeout: float | None = None) -> None:
-        """``asyncio.wait([fut], timeout=timeout)``."""
-        await asyncio.wait([fut], timeout=timeout)
+    async def wait(self, fut: asyncio.Future[Any], within: float | None = None) -> None:
+        """``asyncio.wait([fut], timeout=within)``."""
+        await asyncio.wait([fut], timeout=within)
 
     async def shield(self, fut: asyncio.Future[T]) -> T:
         """``asyncio.shield(fut)``."""

@@ -62,7 +62,7 @@ async def _wait(fut: asyncio.Future[Any], peer: ClientCore) -> None:
     """Wait for ``fut``, set by ``peer``'s actor; fail it if that actor is gone first
     (a dead channel drops its queued commands unrun)."""
     while not fut.done():
-        await peer._channel.backend.wait(fut, timeout=0.05)
+        await peer._channel.backend.wait(fut, within=0.05)
         state = peer._channel.state
         if not fut.done() and state in (State.DEAD, State.CLOSED):
             fut.set_exception(ClientDeadError(f"the {peer.device} client ended before the copy"))

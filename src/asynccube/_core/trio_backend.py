@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import trio
@@ -32,7 +32,7 @@ class TrioBackend:
     thread_hint = "use trio.from_thread.run(fn, trio_token=client.loop.token)"
 
     def __init__(self) -> None:
-        self.loop = TrioLoop(self)
+        self.loop = TrioLoop(self)  # type: ignore[abstract]  # (the operations used)
         self._token = self.loop.token
 
     def on_loop(self) -> bool:
@@ -42,13 +42,13 @@ class TrioBackend:
         except RuntimeError:  # another thread, or an asyncio task
             return False
 
-    def checkpoint(self) -> Awaitable[None]:
+    async def checkpoint(self) -> None:
         """``trio.lowlevel.checkpoint()``."""
-        return trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint()
 
-    async def wait(self, fut: asyncio.Future[Any], timeout: float | None = None) -> None:
-        """Until ``fut`` is done or ``timeout`` passed (``fut`` is never cancelled)."""
-        with trio.move_on_after(math.inf if timeout is None else timeout):
+    async def wait(self, fut: asyncio.Future[Any], within: float | None = None) -> None:
+        """Until ``fut`` is done or ``within`` seconds passed (``fut`` is never cancelled)."""
+        with trio.move_on_after(math.inf if within is None else within):
             await _done(fut)
 
     async def shield(self, fut: asyncio.Future[T]) -> T:
@@ -71,11 +71,13 @@ async def _done(fut: asyncio.Future[Any]) -> None:
 
 def trio_backend() -> TrioBackend:
     """The backend of the running trio run (made on first use)."""
-    backend = _BACKEND.get(None)
-    if backend is None:
-        stream_id.set_task_finder(_trio_task)
-        backend = TrioBackend()
-        _BACKEND.set(backend)
+    try:
+        return _BACKEND.get()
+    except LookupError:
+        pass
+    stream_id.set_task_finder(_trio_task)
+    backend = TrioBackend()
+    _BACKEND.set(backend)
     return backend
 
 

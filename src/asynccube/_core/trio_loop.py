@@ -25,7 +25,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, TypeVarTuple
 
 import trio
 
@@ -34,6 +34,7 @@ from .errors import LoopMismatchError
 __all__ = ["TrioFuture", "TrioLoop", "TrioTask"]
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 _log = logging.getLogger("asynccube")
 _SUCCEEDED = trio.lowlevel.Abort.SUCCEEDED
 _reschedule = trio.lowlevel.reschedule
@@ -182,7 +183,10 @@ class TrioLoop(asyncio.AbstractEventLoop):
         return task  # type: ignore[return-value]  # the Task API the core uses: a Future's
 
     def call_soon(
-        self, callback: Callable[..., object], *args: Any, context: contextvars.Context | None = None
+        self,
+        callback: Callable[[*Ts], object],
+        *args: *Ts,
+        context: contextvars.Context | None = None,
     ) -> asyncio.Handle:
         """Run ``callback(*args)`` soon, on the trio thread."""
         handle = asyncio.Handle(callback, args, self, context)
@@ -191,7 +195,10 @@ class TrioLoop(asyncio.AbstractEventLoop):
         return handle
 
     def call_soon_threadsafe(
-        self, callback: Callable[..., object], *args: Any, context: contextvars.Context | None = None
+        self,
+        callback: Callable[[*Ts], object],
+        *args: *Ts,
+        context: contextvars.Context | None = None,
     ) -> asyncio.Handle:
         """``call_soon`` from any thread (RuntimeError once the run has ended)."""
         handle = asyncio.Handle(callback, args, self, context)
@@ -201,8 +208,8 @@ class TrioLoop(asyncio.AbstractEventLoop):
     def call_later(
         self,
         delay: float,
-        callback: Callable[..., object],
-        *args: Any,
+        callback: Callable[[*Ts], object],
+        *args: *Ts,
         context: contextvars.Context | None = None,
     ) -> asyncio.TimerHandle:
         """Run ``callback(*args)`` after ``delay`` seconds."""
@@ -211,8 +218,8 @@ class TrioLoop(asyncio.AbstractEventLoop):
     def call_at(
         self,
         when: float,
-        callback: Callable[..., object],
-        *args: Any,
+        callback: Callable[[*Ts], object],
+        *args: *Ts,
         context: contextvars.Context | None = None,
     ) -> asyncio.TimerHandle:
         """Run ``callback(*args)`` at ``when`` (:meth:`time`'s clock)."""
@@ -225,7 +232,7 @@ class TrioLoop(asyncio.AbstractEventLoop):
         """The monotonic clock of ``call_at``."""
         return time.monotonic()
 
-    def add_reader(self, fd: Any, callback: Callable[..., object], *args: Any) -> None:
+    def add_reader(self, fd: Any, callback: Callable[[*Ts], object], *args: *Ts) -> None:
         """Call ``callback(*args)`` whenever ``fd`` is readable, until removed."""
         self.remove_reader(fd)
         scope = self._readers[fd] = trio.CancelScope()
@@ -260,9 +267,7 @@ class TrioLoop(asyncio.AbstractEventLoop):
     def call_exception_handler(self, context: dict[str, Any]) -> None:
         """Log what asyncio would report (a failing callback, an unretrieved error)."""
         exc = context.get("exception")
-        _log.error(
-            "%s", context.get("message", "error in a trio-loop callback"), exc_info=exc
-        )
+        _log.error("%s", context.get("message", "error in a trio-loop callback"), exc_info=exc)
 
     # -- the system tasks ------------------------------------------------------------------
 
@@ -280,9 +285,9 @@ class TrioLoop(asyncio.AbstractEventLoop):
             if timers:
                 now = self.time()
                 while timers and timers[0].when() <= now:
-                    handle = heapq.heappop(timers)
-                    if not handle.cancelled():
-                        ready.append(handle)
+                    due = heapq.heappop(timers)
+                    if not due.cancelled():
+                        ready.append(due)
             for _ in range(len(ready)):
                 handle = ready.popleft()
                 if not handle.cancelled():
@@ -307,9 +312,7 @@ class TrioLoop(asyncio.AbstractEventLoop):
             self._sleeper = _current_task()
             await _wait(abort)
 
-    async def _watch_fd(
-        self, fd: int, handle: asyncio.Handle, scope: trio.CancelScope
-    ) -> None:
+    async def _watch_fd(self, fd: int, handle: asyncio.Handle, scope: trio.CancelScope) -> None:
         with scope:
             while True:
                 await trio.lowlevel.wait_readable(fd)
