@@ -79,10 +79,9 @@ def test_nursery_tasks_get_their_own_streams_and_keep_order() -> None:
 
     async def main() -> dict[int, Any]:
         out: dict[int, Any] = {}
-        async with ac.open_client("host") as client:
-            async with trio.open_nursery() as nursery:
-                for i in range(8):
-                    nursery.start_soon(one, client, i, out)
+        async with ac.open_client("host") as client, trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(one, client, i, out)
         return out
 
     out = trio.run(main)
