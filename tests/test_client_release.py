@@ -14,6 +14,7 @@ import gc
 import random
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -33,12 +34,12 @@ async def _task(client: ac.ComputeClient, i: int, end: str, fail: bool) -> None:
     a_data = np.full(N, i, np.float32)
     b_data = np.arange(N, dtype=np.float32)
     a = client.create(a_data)
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     b = client.create(b_data)
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     out = client.empty(4 * N)
     client.execute(ADD, blocks(N), add_bindings(a, b, out, N))
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     if end == "read":
         # A descriptor twice the buffer's size: the awaited read raises.
         shape = (2 * N,) if fail else (N,)
@@ -78,7 +79,7 @@ async def _storm(client: ac.ComputeClient, end: str, outcome: str, seed: int) ->
         for step in range(STEPS + 2):
             for scope in when.get(step, []):
                 scope.cancel()
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
     return results
 
 
@@ -107,7 +108,7 @@ async def test_memory_returns_after_a_storm_of_tasks(
             repr(r) for r in results
         }
     del results
-    await anyio.sleep(0)  # the step that resumed from the task group held its results
+    await anyio.lowlevel.checkpoint()  # the step that resumed from the task group held its results
     gc.collect()
     await client.sync()
     after = await client.memory_usage()

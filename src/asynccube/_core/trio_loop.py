@@ -21,7 +21,6 @@ import asyncio
 import contextvars
 import heapq
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Generator
@@ -292,25 +291,25 @@ class TrioLoop(asyncio.AbstractEventLoop):
                 handle = ready.popleft()
                 if not handle.cancelled():
                     handle._run()
-            await trio.lowlevel.checkpoint()
+            if ready:  # callbacks queued more: let the other tasks run first
+                await trio.lowlevel.checkpoint()
 
     async def _sleep(self) -> None:
         """Until ``call_soon`` wakes it, or the first timer is due."""
         timers = self._timers
         while timers and timers[0].cancelled():
             heapq.heappop(timers)
-        if not timers:
-            deadline = math.inf
-        else:
-            deadline = trio.current_time() + max(0.0, timers[0].when() - self.time())
+        self._sleeper = _current_task()
+        if not timers:  # the common case: no cancel scope to enter and leave
+            await _wait(self._abort_sleep)
+            return
+        delay = max(0.0, timers[0].when() - self.time())
+        with trio.CancelScope(deadline=trio.current_time() + delay):
+            await _wait(self._abort_sleep)
 
-        def abort(_: Any) -> trio.lowlevel.Abort:
-            self._sleeper = None
-            return _SUCCEEDED
-
-        with trio.CancelScope(deadline=deadline):
-            self._sleeper = _current_task()
-            await _wait(abort)
+    def _abort_sleep(self, _: Any) -> trio.lowlevel.Abort:
+        self._sleeper = None
+        return _SUCCEEDED
 
     async def _watch_fd(self, fd: int, handle: asyncio.Handle, scope: trio.CancelScope) -> None:
         with scope:
