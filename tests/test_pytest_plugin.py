@@ -3,6 +3,7 @@ fixture's checks, the cuda marker, the blocked-loop detector, and the README exa
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -39,10 +40,11 @@ def test_readme_example_passes(pytester: pytest.Pytester) -> None:
     text = README.read_text()
     code = text.split("## Testing your code", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     result = _run(pytester, code, "-rs", "--asynccube-devices", "host")
+    anyio_runs = 2 if importlib.util.find_spec("trio") else 1  # asyncio, and trio
     if probe_gpus().usable:
-        result.assert_outcomes(passed=2)
+        result.assert_outcomes(passed=2 + anyio_runs)
     else:
-        result.assert_outcomes(passed=1, skipped=1)
+        result.assert_outcomes(passed=1 + anyio_runs, skipped=1)
         result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])
 
 
