@@ -10,6 +10,8 @@ import gc
 import os
 import threading
 import warnings
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,7 @@ import pytest
 import asynccube as ac
 
 from .kernels import ADD, SLOW_FILL, add_bindings, blocks
+from .tune_helpers import three_speeds, tuner
 
 trio = pytest.importorskip("trio")
 
@@ -299,3 +302,31 @@ def test_a_graph_capture_belongs_to_its_trio_task() -> None:
             assert (await client.read_array(h, np.float32) == 0).all()
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("mode", ["blocking", "background"])
+def test_autotune_under_trio(tmp_path: Path, mode: str) -> None:
+    # Tuning runs in a task of its own (a trio system task here), shared by concurrent
+    # callers; its disk cache is read and written in worker threads.
+    async def main() -> list[str]:
+        calls: Counter[str] = Counter()
+        ts = three_speeds(calls)
+        t = tuner(tmp_path, mode=ac.TuneMode(mode))
+        out: list[str] = []
+        async with ac.open_client("host") as client:
+
+            async def call() -> None:
+                out.append(await t.execute(client, ts, 1000))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(5):
+                    nursery.start_soon(call)
+            await t.wait()
+            out.append(await t.execute(client, ts, 1000))
+            assert t.runs == 1
+        return out
+
+    out = trio.run(main)
+    assert out[-1] == "fast"
+    if mode == "blocking":
+        assert out == ["fast"] * 6

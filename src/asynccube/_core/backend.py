@@ -43,6 +43,9 @@ __all__ = [
     "current_library",
     "run_blocking",
     "running_loop",
+    "shield",
+    "to_thread",
+    "wait_all",
 ]
 
 T = TypeVar("T")
@@ -161,6 +164,29 @@ async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
     if loop is not None:
         return await loop.run_in_executor(None, fn, *args)
     return await current_backend(getattr(fn, "__name__", "a blocking job")).run_sync(fn, *args)
+
+
+async def to_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``asyncio.to_thread(fn, *args)``, or trio's ``to_thread.run_sync`` under trio."""
+    if asyncio._get_running_loop() is not None:
+        return await asyncio.to_thread(fn, *args)
+    return await current_backend(getattr(fn, "__name__", "a blocking job")).run_sync(fn, *args)
+
+
+async def shield(fut: asyncio.Future[T]) -> T:
+    """``asyncio.shield(fut)`` on ``fut``'s own loop (asyncio's, or trio's adapter)."""
+    return await backend_of(fut.get_loop()).shield(fut)
+
+
+async def wait_all(futs: list[asyncio.Future[Any]]) -> None:
+    """Wait until every future (of one loop) is done; never cancels them."""
+    if futs:
+        chosen = backend_of(futs[0].get_loop())
+        if isinstance(chosen, AsyncioBackend):
+            await asyncio.wait(futs)
+            return
+        for fut in futs:
+            await chosen.wait(fut)
 
 
 def current_library() -> str | None:
