@@ -330,3 +330,51 @@ def test_autotune_under_trio(tmp_path: Path, mode: str) -> None:
     assert out[-1] == "fast"
     if mode == "blocking":
         assert out == ["fast"] * 6
+
+
+class _EventCompletion:
+    """A completion that can only be polled (like a bare CUDA event): done once set."""
+
+    def __init__(self) -> None:
+        self.flag = threading.Event()
+
+    def done(self) -> bool:
+        return self.flag.is_set()
+
+    def result(self) -> str:
+        return "done"
+
+    def wait(self, timeout: float | None) -> bool:
+        return self.flag.wait(timeout)
+
+
+@pytest.mark.parametrize("when", ["short", "long"])
+def test_polled_completions_resolve_under_trio(when: str) -> None:
+    # The watcher polls such a completion from its poller task for a short spin, then
+    # hands it to a waiter thread: both paths, on the trio loop.
+    from asynccube._core.completion import CompletionWatcher
+
+    async def main() -> tuple[list[str], int]:
+        async with ac.open_client("host") as client:
+            channel = client._channel
+            watcher = CompletionWatcher(client.loop, channel.backend.checkpoint)
+            completion, got = _EventCompletion(), trio.Event()
+            seen: list[str] = []
+
+            def sink(c: Any) -> None:
+                seen.append(c.result())
+                got.set()
+
+            watcher.watch(completion, sink)
+            if when == "short":
+                completion.flag.set()
+            else:
+                await trio.sleep(0.01)  # past the spin: a waiter thread takes it
+                completion.flag.set()
+            await got.wait()
+            watcher.shutdown()
+            return seen, watcher.handed_to_threads
+
+    seen, handed = trio.run(main)
+    assert seen == ["done"]
+    assert handed == (1 if when == "long" else 0)

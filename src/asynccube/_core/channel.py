@@ -7,10 +7,8 @@ to the actor, which yields. Otherwise the client appends commands to a deque and
 actor, which runs every queued command in one batch (yielding to the loop every
 millisecond of work), then sleeps again. Fire-and-forget commands return nothing: an
 error they raise is held for their stream and raised by the next awaited command on that
-stream. Awaited commands resolve an asyncio future through the completion watcher.
-
-The loop is the client's backend's (:mod:`.backend`): the asyncio loop itself, or
-trio's adapter, whose futures trio tasks await.
+stream. Awaited commands resolve an asyncio future through the completion watcher (on
+the backend's loop, :mod:`.backend`: asyncio's own, or trio's adapter).
 
 If the actor dies, every pending and later awaitable fails at once with
 ClientDeadError; after a sticky device error, with that DeviceError.
@@ -26,7 +24,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from .backend import backend_of
+from .backend import AsyncioBackend, backend_of
 from .completion import CompletionWatcher
 from .errors import AsyncCubeError, ClientClosedError, ClientDeadError, LoopMismatchError, Unknown
 from .held import HeldErrors, detach_frames
@@ -51,8 +49,7 @@ class State(enum.Enum):
 
 
 class Channel:
-    """Links a client to its server through one actor task on ``loop`` (an asyncio
-    loop, or the trio backend's adapter)."""
+    """Links a client to its server through one actor task on ``loop`` (see above)."""
 
     def __init__(self, server: ComputeServer, loop: asyncio.AbstractEventLoop) -> None:
         self.server = server
@@ -74,7 +71,8 @@ class Channel:
         self._stop = False
         self._batch_end_scheduled = False
         self._inline_deadline = 0.0
-        self.watcher = CompletionWatcher(loop, self.backend.checkpoint)
+        native = isinstance(self.backend, AsyncioBackend)
+        self.watcher = CompletionWatcher(loop, None if native else self.backend.checkpoint)
         self.guard: Callable[[str], None] | None = None
         """Set while a graph capture is open: called by ``check`` with the name of the
         client method calling it (see :mod:`.graph`)."""

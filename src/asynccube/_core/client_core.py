@@ -109,8 +109,7 @@ class ClientCore:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop this client runs on: the asyncio loop, or under trio the
-        backend's adapter (its ``token`` is the run's ``TrioToken``)."""
+        """The client's event loop: asyncio's, or trio's adapter (``.token``: the run's)."""
         return self._channel.loop
 
     @property

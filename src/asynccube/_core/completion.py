@@ -44,7 +44,7 @@ class CompletionWatcher:
 
     Args:
         loop: The loop that owns the futures (asyncio's, or the trio adapter).
-        checkpoint: Yields to that loop once (default ``asyncio.sleep(0)``).
+        checkpoint: Yields to that loop once (None: ``asyncio.sleep(0)``, inline).
         spin_seconds: How long a completion is polled before a waiter thread takes it.
         sync_spin_seconds: How long a loop-thread completion is polled without yielding.
     """
@@ -57,7 +57,7 @@ class CompletionWatcher:
         sync_spin_seconds: float = 30e-6,
     ) -> None:
         self._loop = loop
-        self._checkpoint = checkpoint if checkpoint is not None else _sleep0
+        self._checkpoint = checkpoint
         self._spin = spin_seconds
         self._sync_spin = sync_spin_seconds
         self._polling: list[tuple[Completion[Any], Sink, float]] = []
@@ -95,9 +95,13 @@ class CompletionWatcher:
 
     async def _poll(self) -> None:
         try:
+            checkpoint = self._checkpoint
             while self._polling:
                 self._round()
-                await self._checkpoint()
+                if checkpoint is None:
+                    await asyncio.sleep(0)
+                else:
+                    await checkpoint()
         finally:
             self._poller = None
 
@@ -131,7 +135,3 @@ class CompletionWatcher:
         if self._waiters is not None:
             self._waiters.shutdown(wait=False)
             self._waiters = None
-
-
-def _sleep0() -> Awaitable[None]:
-    return asyncio.sleep(0)
