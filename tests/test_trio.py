@@ -266,6 +266,10 @@ def test_the_fd_watch_of_long_gpu_waits_works_under_trio() -> None:
                 loop.remove_reader(r)
                 done.set()
 
+            r2, w2 = os.pipe()
+            loop.add_reader(r2, lambda: seen.append("closed"))  # removed before it starts,
+            loop.remove_reader(r2)  # and the descriptor closed at once: never waited on
+            os.close(r2), os.close(w2)
             loop.add_reader(r, readable)
             timer = loop.call_later(0.01, lambda: seen.append("timer"))
             loop.call_later(10, lambda: seen.append("never")).cancel()

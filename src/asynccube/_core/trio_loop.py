@@ -312,7 +312,13 @@ class TrioLoop(asyncio.AbstractEventLoop):
         return _SUCCEEDED
 
     async def _watch_fd(self, fd: int, handle: asyncio.Handle, scope: trio.CancelScope) -> None:
+        # remove_reader may run before this task starts, and the descriptor be closed
+        # then: never wait on it once the scope is cancelled.
         with scope:
-            while True:
-                await trio.lowlevel.wait_readable(fd)
+            while not scope.cancel_called:
+                try:
+                    await trio.lowlevel.wait_readable(fd)
+                except OSError as exc:  # closed behind our back: report, stop watching
+                    self.call_exception_handler({"message": f"fd {fd}", "exception": exc})
+                    return
                 handle._run()
