@@ -3,8 +3,9 @@ trio (issue 13), on the host server or a GPU, in one run.
 
     python benchmarks/bench_backends.py [--device host|cuda:0] [--n 1000] [--rounds 5]
 
-For each backend, a fresh loop opens a client and times, per iteration (median of
-``--n`` iterations, best of ``--rounds`` runs; µs):
+Each round runs every backend in turn (so drifting machine load hits all of them alike):
+a fresh loop opens a client and times, per iteration (median of ``--n`` iterations; the
+best round is kept; µs):
 
 * ``execute + await read 1 KiB``: a launch on a 1 KiB buffer, then an awaited read of it;
 * ``execute + await sync``: a launch, then an awaited ``sync``;
@@ -45,6 +46,7 @@ TOUCH = ac.Kernel(
     "bench_backends_touch", cuda=ac.CudaSource(TOUCH_CUDA, "touch", (1, 1, 1)), host=_touch_host
 )
 ONE = ac.CubeCount(1)
+BACKENDS = ("asyncio", "uvloop", "trio")
 FIGURES = ("execute + await read 1 KiB", "execute + await sync", "execute (fire-and-forget)")
 
 
@@ -57,7 +59,7 @@ async def _median_us(step: Callable[[], Awaitable[Any]], n: int) -> float:
     return statistics.median(times) * 1e6
 
 
-async def _figures(device: str, n: int, rounds: int) -> dict[str, float]:
+async def _figures(device: str, n: int) -> dict[str, float]:
     async with ac.open_client(device) as client:
         h = client.create(np.zeros(1024, np.uint8))
         bindings = ac.Bindings().with_buffer(h.binding())
@@ -80,16 +82,15 @@ async def _figures(device: str, n: int, rounds: int) -> dict[str, float]:
 
         for _ in range(200):  # warm up: compile, pools, worker threads
             await read()
-        out: dict[str, list[float]] = {fig: [] for fig in FIGURES}
-        for _ in range(rounds):
-            out[FIGURES[0]].append(await _median_us(read, n))
-            out[FIGURES[1]].append(await _median_us(sync, n))
-            out[FIGURES[2]].append(await fire())
-        return {k: min(v) for k, v in out.items()}
+        return {
+            FIGURES[0]: await _median_us(read, n),
+            FIGURES[1]: await _median_us(sync, n),
+            FIGURES[2]: await fire(),
+        }
 
 
-def _run(backend: str, device: str, n: int, rounds: int) -> dict[str, float] | str:
-    coro = _figures(device, n, rounds)
+def _run(backend: str, device: str, n: int) -> dict[str, float] | str:
+    coro = _figures(device, n)
     if backend == "asyncio":
         return asyncio.run(coro)
     if backend == "uvloop":
@@ -107,18 +108,33 @@ def _run(backend: str, device: str, n: int, rounds: int) -> dict[str, float] | s
     return trio.run(lambda: coro)
 
 
+def _best_rounds(device: str, n: int, rounds: int) -> dict[str, dict[str, float] | str]:
+    """Each figure's best over ``rounds`` rounds, each round running every backend."""
+    runs: dict[str, list[dict[str, float] | str]] = {b: [] for b in BACKENDS}
+    for _ in range(rounds):
+        for backend in BACKENDS:
+            runs[backend].append(_run(backend, device, n))
+    best: dict[str, dict[str, float] | str] = {}
+    for backend, got in runs.items():
+        figures = [r for r in got if isinstance(r, dict)]
+        best[backend] = (
+            {fig: min(r[fig] for r in figures) for fig in FIGURES} if figures else str(got[0])
+        )
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="host")
     parser.add_argument("--n", type=int, default=1000, help="iterations per figure")
-    parser.add_argument("--rounds", type=int, default=5, help="runs; the best median is kept")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds; the best is kept")
     args = parser.parse_args()
-    results = {b: _run(b, args.device, args.n, args.rounds) for b in ("asyncio", "uvloop", "trio")}
+    results = _best_rounds(args.device, args.n, args.rounds)
     base, trio = results["asyncio"], results["trio"]
     rows, ratios = [], {}
     for fig in FIGURES:
         cells = [fig]
-        for backend in ("asyncio", "uvloop", "trio"):
+        for backend in BACKENDS:
             r = results[backend]
             cells.append(f"{r[fig]:.1f}" if isinstance(r, dict) else "-")
         if isinstance(base, dict) and isinstance(trio, dict):
@@ -131,7 +147,8 @@ def main() -> None:
     body = (
         table(header, rows)
         + ("\n\nSkipped: " + "; ".join(skipped) if skipped else "")
-        + f"\n\n{args.n} iterations per figure, best median of {args.rounds} runs. Command: "
+        + f"\n\n{args.n} iterations per figure, best median of {args.rounds} rounds, the "
+        "backends alternating within each round. Command: "
         f"`python benchmarks/bench_backends.py --device {args.device}`.\n"
     )
     name = "backends_cuda" if cuda else "backends"
