@@ -94,7 +94,7 @@ def _u32(value: object, what: str) -> int:
 
 
 class PackState:
-    """The argument block of one kernel signature (see ``_native.c``'s ``PackState``)."""
+    """The argument block of one kernel signature (see ``_native_launch.c``'s ``PackState``)."""
 
     __slots__ = (
         "_ptrs", "_words", "address", "maps", "meta", "n_ptrs", "ptr_offset", "scalars", "view",
@@ -327,7 +327,7 @@ def notify_spin(stream: Any, fd: int, spin_ns: int) -> int:
 
 
 def notify_drain(timeout: float) -> bool:
-    """True: the twin has no spinning thread holding events (see ``_native.c``)."""
+    """True: the twin has no spinning thread holding events (see ``_native_notify.c``)."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise InvalidArgument(f"timeout must be a number of seconds, got {timeout!r}")
     if not timeout >= 0:

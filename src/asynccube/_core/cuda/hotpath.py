@@ -28,7 +28,7 @@ __all__ = ["ACTIVE", "REASON", "HotPath", "hot", "load"]
 
 
 class HotPath(Protocol):
-    """What both variants provide (see ``_native.c`` for each function's contract)."""
+    """What both variants provide (see ``_native.h`` and its parts for each function's contract)."""
 
     PackState: Any
 
