@@ -39,6 +39,17 @@ static pthread_cond_t sp_idle = PTHREAD_COND_INITIALIZER;
 static SpinItem *sp_incoming;
 static long sp_in_flight;
 static int sp_started;
+static int sp_fork_hook;
+
+/* A forked child has no spinning thread (and no usable CUDA context): start afresh. */
+static void sp_after_fork_child(void) {
+    pthread_mutex_init(&sp_lock, NULL);
+    pthread_cond_init(&sp_wake, NULL);
+    pthread_cond_init(&sp_idle, NULL);
+    sp_incoming = NULL;
+    sp_in_flight = 0;
+    sp_started = 0;
+}
 
 #define CU_EVENT_DISABLE_TIMING 2
 #define CUDA_ERROR_NOT_READY 600
@@ -127,6 +138,7 @@ PyObject *notify_spin(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     it->fd = (int)fd;
     it->deadline = now_s() + 1e-9 * (double)spin_ns;
     pthread_mutex_lock(&sp_lock);
+    if (!sp_fork_hook) sp_fork_hook = pthread_atfork(NULL, NULL, sp_after_fork_child) == 0;
     if (!sp_started) {
         pthread_t id;
         pthread_attr_t attr;
