@@ -214,6 +214,8 @@ async def _dest_side_later(
                 await other._jobs.run(job)
     except BaseException as exc:
         _give_up(other, dst, copied, stream, exc)
+        if isinstance(exc, asyncio.CancelledError):
+            raise  # the actor is being cancelled: the copy failed, and the actor ends
         return
     other._channel.activate()
     _import(other, dst, ready, copied, stream)
