@@ -17,8 +17,12 @@ from setuptools.command.build_ext import build_ext
 
 NATIVE = Extension(
     "asynccube._core.cuda._native",
-    sources=["src/asynccube/_core/cuda/_native.c"],
-    extra_compile_args=["-O2", "-std=c11", "-Wall"],
+    sources=[
+        f"src/asynccube/_core/cuda/_native{part}.c"
+        for part in ("", "_launch", "_copies", "_notify")
+    ],
+    depends=["src/asynccube/_core/cuda/_native.h"],
+    extra_compile_args=["-O2", "-std=c11", "-Wall", "-fvisibility=hidden"],
     libraries=["dl", "pthread"],
     optional=True,
 )

@@ -47,6 +47,10 @@ int cuStreamWaitEvent(void *s, void *e, unsigned flags) { return 0; }
 int cuMemcpyHtoDAsync_v2(u64 d, const void *h, unsigned long n, void *s) { return 0; }
 int cuMemcpyDtoHAsync_v2(void *h, u64 d, unsigned long n, void *s) { return 0; }
 int cuLaunchHostFunc(void *s, void (*fn)(void *), void *data) { fn(data); return 0; }
+int cuEventCreate(void **e, unsigned flags) { static char ev; *e = &ev; return 0; }
+int cuEventDestroy_v2(void *e) { return 0; }
+int cuCtxGetCurrent(void **c) { static char ctx; *c = &ctx; return 0; }
+int cuCtxSetCurrent(void *c) { return 0; }
 int cuPointerGetAttributes(unsigned n, int *attrs, void **data, u64 ptr) {
     for (unsigned i = 0; i < n; ++i) *(unsigned *)data[i] = 0; /* not pinned */
     return 0;

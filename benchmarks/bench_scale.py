@@ -125,17 +125,21 @@ def _torch_graphs(n: int) -> dict[str, Any]:
     }
 
 
-async def to_client(size: int = 256 * MiB, rounds: int = 10) -> dict[str, Any]:
+_WARM = 5
+"""Rounds run before timing: peer access, the first page, the copy paths warm up."""
+
+
+async def to_client(size: int = 256 * MiB, rounds: int = 30) -> dict[str, Any]:
     """GB/s of a 256 MiB to_client cuda:0 -> cuda:1, torch .to() and raw peer copy."""
     async with ac.open_client("cuda:0") as c0, ac.open_client("cuda:1") as c1:
         h = c0.empty(size)
         await c0.sync()
         times = []
-        for i in range(rounds + 2):
+        for i in range(rounds + _WARM):
             t0 = time.perf_counter()
             copy = c0.to_client(h, c1)
             await c1.sync()
-            if i >= 2:
+            if i >= _WARM:
                 times.append(time.perf_counter() - t0)
             del copy
         await c0.sync()
@@ -154,12 +158,12 @@ def _torch_copy(size: int, rounds: int) -> dict[str, Any]:
         return {"torch": f"n/a ({exc})"}
     x = torch.empty(size, dtype=torch.uint8, device="cuda:0")
     times = []
-    for i in range(rounds + 2):
+    for i in range(rounds + _WARM):
         torch.cuda.synchronize("cuda:0")
         t0 = time.perf_counter()
         y = x.to("cuda:1")
         torch.cuda.synchronize("cuda:1")
-        if i >= 2:
+        if i >= _WARM:
             times.append(time.perf_counter() - t0)
         del y
     return {"torch_gbps": size / med(times) / 1e9}
@@ -178,11 +182,11 @@ def _raw_peer(size: int, rounds: int) -> dict[str, Any]:
         bufs.append(check(d.cuMemAlloc(size)))
     stream = check(d.cuStreamCreate(1))
     times = []
-    for i in range(rounds + 2):
+    for i in range(rounds + _WARM):
         t0 = time.perf_counter()
         check(d.cuMemcpyPeerAsync(bufs[1], ctxs[1], bufs[0], ctxs[0], size, stream))
         check(d.cuStreamSynchronize(stream))
-        if i >= 2:
+        if i >= _WARM:
             times.append(time.perf_counter() - t0)
     check(d.cuStreamDestroy(stream))
     for ctx, buf in zip(ctxs, bufs, strict=True):

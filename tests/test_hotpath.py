@@ -163,6 +163,10 @@ def test_valid_launch_without_driver_is_refused(hot: Any) -> None:
         ("memcpy_async", (True, 1, 8, -8, 0), "nbytes"),
         ("notify_close", (0, -1), "fd"),
         ("notify_close", (0, 1 << 31), "fd"),
+        ("notify_spin", (0, -1, 10), "fd"),
+        ("notify_spin", (0, 3, -1), "spin_ns"),
+        ("notify_drain", ("x",), "timeout"),
+        ("notify_drain", (-1.0,), "timeout"),
         ("param_sizes", (0,), "loaded kernel"),
         ("is_pinned", (-5,), "address"),
         ("address", (3,), "bytes-like"),
@@ -183,6 +187,10 @@ def test_copy_into(hot: Any, size: int) -> None:
     hot.copy_into(dst, src, 4)
     assert np.array_equal(dst[:size], src)
     assert not dst[size:].any()
+
+
+def test_notify_drain_with_nothing_in_flight(hot: Any) -> None:
+    assert hot.notify_drain(0.0) is True
 
 
 def test_address(hot: Any) -> None:

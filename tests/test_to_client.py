@@ -174,3 +174,27 @@ async def test_info_shows_peer_links() -> None:
     assert out.returncode == 0, out.stderr
     assert "peer links:" in out.stdout
     assert "cuda:0 <-> cuda:1" in out.stdout
+
+
+@pytest.mark.parametrize(("a", "b"), PAIRS)
+async def test_to_client_from_a_busy_source_waits_for_its_work(a: str, b: str) -> None:
+    """The source's actor is busy compiling a new kernel when to_client is called, so
+    the copy's source side runs later than the destination's: the destination waits
+    for it and copies what the kernel wrote."""
+    import uuid
+
+    n = 1 << 16
+    tag = uuid.uuid4().hex
+    fresh = ac.Kernel(
+        f"test_fresh_scale_{tag}",
+        cuda=ac.CudaSource(f"// {tag}\n" + SCALE.cuda.source, entry="scale"),  # type: ignore[union-attr]
+        host=SCALE.host,
+    )
+    async with ac.open_client(a) as ca, ac.open_client(b) as cb:
+        h = ca.create(np.ones(n, np.float32))
+        ca.execute(fresh, blocks(n), scale(h, 4.0, n))
+        copies = [ca.to_client(h, cb) for _ in range(3)]
+        ca.execute(fresh, blocks(n), scale(h, 0.5, n))  # after the copies, on the source
+        for copy in copies:
+            np.testing.assert_array_equal(await cb.read_array(copy, np.float32), np.full(n, 4.0))
+        np.testing.assert_array_equal(await ca.read_array(h, np.float32), np.full(n, 2.0))

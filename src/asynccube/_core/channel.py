@@ -190,6 +190,11 @@ class Channel:
         self.send(op, *args, fut)
         return fut
 
+    def track(self, fut: asyncio.Future[Any]) -> None:
+        """Fail ``fut`` at once if the actor dies before settling it (a future that a
+        command of this channel sets and another client's command awaits)."""
+        self._pending.add(fut)
+
     # -- actor side -------------------------------------------------------------------
 
     async def _run(self) -> None:

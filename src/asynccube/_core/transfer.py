@@ -21,8 +21,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from .channel import State
-from .errors import ClientDeadError, InvalidArgument, InvalidHandle
+from .backend import shield
+from .errors import InvalidArgument, InvalidHandle
 from .stream_id import StreamId
 from .types import Binding, Handle
 
@@ -58,14 +58,13 @@ def to_client(src: ClientCore, handle: Handle | Binding, other: ClientCore) -> H
     return dst
 
 
-async def _wait(fut: asyncio.Future[Any], peer: ClientCore) -> None:
-    """Wait for ``fut``, set by ``peer``'s actor; fail it if that actor is gone first
-    (a dead channel drops its queued commands unrun)."""
-    while not fut.done():
-        await peer._channel.backend.wait(fut, within=0.05)
-        state = peer._channel.state
-        if not fut.done() and state in (State.DEAD, State.CLOSED):
-            fut.set_exception(ClientDeadError(f"the {peer.device} client ended before the copy"))
+async def _wait(fut: asyncio.Future[Any]) -> None:
+    """Wait for ``fut``, set by another client's command; that client's channel fails
+    it if its actor dies first (:meth:`.Channel.track`). Shielded: cancelling the waiter
+    does not cancel what the other side looks at (on the future's own loop: asyncio's,
+    or trio's adapter)."""
+    if not fut.done():
+        await shield(fut)
 
 
 def _binding(handle: object) -> Binding:
@@ -120,47 +119,86 @@ def _write(
 def _peer_copy(
     src: ClientCore, binding: Binding, other: ClientCore, dst: Handle, stream: StreamId
 ) -> None:
+    """Three commands, sent at once: export on the source, import and copy on the
+    destination, finish on the source. When both actors are idle (the usual case) all
+    three run inline in the caller, so the copy is on the device before this returns;
+    otherwise each side waits for the other's future without blocking its loop."""
     loop = src.loop
     ready: asyncio.Future[Any] = loop.create_future()
     copied: asyncio.Future[Any] = loop.create_future()
-    src._channel.send(_source_side, src, other, binding, ready, copied, stream)
+    src._channel.track(ready)
+    other._channel.track(copied)
+    src._channel.send(_source_side, src, binding, ready, stream)
     other._channel.send(_dest_side, src, other, dst, ready, copied, stream)
+    src._channel.send(_source_finish, src, other, binding, ready, copied)
 
 
 def _source_side(
-    src: ClientCore,
-    other: ClientCore,
-    binding: Binding,
-    ready: asyncio.Future[Any],
-    copied: asyncio.Future[Any],
-    stream: StreamId,
-) -> Any:
+    src: ClientCore, binding: Binding, ready: asyncio.Future[Any], stream: StreamId
+) -> None:
     from .cuda import peer
 
     try:
         source = peer.export(src.server, binding, stream)  # type: ignore[arg-type]
     except BaseException as exc:
         ready.set_exception(exc)
+        ready.exception()  # retrieved: the destination side looks at it
         src._channel.hold(stream, exc)
-        return None
+        return
     ready.set_result(source)
-    return _source_done(src, other, binding, source, copied)
+
+
+def _source_finish(
+    src: ClientCore,
+    other: ClientCore,
+    binding: Binding,
+    ready: asyncio.Future[Any],
+    copied: asyncio.Future[Any],
+) -> Any:
+    if ready.exception() is not None:
+        return None  # the export failed: no event to give back, nothing copied
+    if not copied.done():
+        return _source_done(src, other, binding, ready.result(), copied)
+    _finish(src, other, binding, ready.result(), copied)
+    return None
 
 
 async def _source_done(
     src: ClientCore, other: ClientCore, binding: Binding, source: Any, copied: asyncio.Future[Any]
 ) -> None:
+    await _wait(copied)
+    src._channel.activate()
+    _finish(src, other, binding, source, copied)
+
+
+def _finish(
+    src: ClientCore, other: ClientCore, binding: Binding, source: Any, copied: asyncio.Future[Any]
+) -> None:
     from .cuda import peer
 
-    await _wait(copied, other)
-    src._channel.activate()
     if copied.exception() is not None:
         peer.abandon(src.server, source)  # type: ignore[arg-type]
         return
     peer.finish(src.server, other.server, source, copied.result(), binding)  # type: ignore[arg-type]
 
 
-async def _dest_side(
+def _dest_side(
+    src: ClientCore,
+    other: ClientCore,
+    dst: Handle,
+    ready: asyncio.Future[Any],
+    copied: asyncio.Future[Any],
+    stream: StreamId,
+) -> Any:
+    from .cuda import peer
+
+    if ready.done() and peer.enable_peer_job(src.server, other.server) is None:  # type: ignore[arg-type]
+        _import(other, dst, ready, copied, stream)
+        return None
+    return _dest_side_later(src, other, dst, ready, copied, stream)
+
+
+async def _dest_side_later(
     src: ClientCore,
     other: ClientCore,
     dst: Handle,
@@ -171,15 +209,44 @@ async def _dest_side(
     from .cuda import peer
 
     try:
-        await _wait(ready, src)
+        await _wait(ready)
+        if ready.exception() is None:
+            job = peer.enable_peer_job(src.server, other.server)  # type: ignore[arg-type]
+            if job is not None:
+                await other._jobs.run(job)
+    except BaseException as exc:
+        _give_up(other, dst, copied, stream, exc)
+        if isinstance(exc, other._channel.backend.cancelled):
+            raise  # the actor is being cancelled: the copy failed, and the actor ends
+        return
+    other._channel.activate()
+    _import(other, dst, ready, copied, stream)
+
+
+def _import(
+    other: ClientCore,
+    dst: Handle,
+    ready: asyncio.Future[Any],
+    copied: asyncio.Future[Any],
+    stream: StreamId,
+) -> None:
+    from .cuda import peer
+
+    try:
         source = ready.result()
-        job = peer.enable_peer_job(src.server, other.server)  # type: ignore[arg-type]
-        if job is not None:
-            await other._jobs.run(job)
-        other._channel.activate()
         copied.set_result(peer.import_copy(other.server, dst, source, stream))  # type: ignore[arg-type]
     except BaseException as exc:
-        if not copied.done():
-            copied.set_exception(exc)
-            copied.exception()  # retrieved: the source side only looks at it
-        _fail(other, dst, stream, exc)
+        _give_up(other, dst, copied, stream, exc)
+
+
+def _give_up(
+    other: ClientCore,
+    dst: Handle,
+    copied: asyncio.Future[Any],
+    stream: StreamId,
+    exc: BaseException,
+) -> None:
+    if not copied.done():
+        copied.set_exception(exc)
+        copied.exception()  # retrieved: the source side only looks at it
+    _fail(other, dst, stream, exc)

@@ -21,8 +21,8 @@ from .driver import cu
 
 __all__ = [
     "PackState", "address", "copy_into", "driver_open", "event_query", "event_record",
-    "is_pinned", "launch", "memcpy_async", "notify_close", "open_driver", "param_sizes",
-    "stream_wait_event",
+    "is_pinned", "launch", "memcpy_async", "notify_close", "notify_drain", "notify_spin",
+    "open_driver", "param_sizes", "stream_wait_event",
 ]  # fmt: skip
 
 _BIG: Final = 1 << 20
@@ -94,7 +94,7 @@ def _u32(value: object, what: str) -> int:
 
 
 class PackState:
-    """The argument block of one kernel signature (see ``_native.c``'s ``PackState``)."""
+    """The argument block of one kernel signature (see ``_native_launch.c``'s ``PackState``)."""
 
     __slots__ = (
         "_ptrs", "_words", "address", "maps", "meta", "n_ptrs", "ptr_offset", "scalars", "view",
@@ -316,6 +316,23 @@ def notify_close(stream: Any, fd: int) -> int:
         raise InvalidArgument(f"fd out of range: {fd}")
     _need_driver()
     return int(_state["host_func"](int(stream), _state["close"], fd))
+
+
+def notify_spin(stream: Any, fd: int, spin_ns: int) -> int:
+    """As :func:`notify_close` (the compiled module closes ``fd`` from a spinning C thread
+    within ``spin_ns``, then from a host function; Python cannot spin off the GIL, so the
+    twin leaves it all to the host function: the same result, later)."""
+    _u64(spin_ns, "spin_ns")
+    return notify_close(stream, fd)
+
+
+def notify_drain(timeout: float) -> bool:
+    """True: the twin has no spinning thread holding events (see ``_native_notify.c``)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise InvalidArgument(f"timeout must be a number of seconds, got {timeout!r}")
+    if not timeout >= 0:
+        raise InvalidArgument(f"timeout must be >= 0, got {timeout!r}")
+    return True
 
 
 def param_sizes(function: Any) -> tuple[Any, tuple[int, ...] | None] | None:

@@ -104,6 +104,11 @@ class HostFuncNotifier:
     work stream seen (bounded by the server's stream pool).
     """
 
+    spin_ns = 2_000_000
+    """How long the compiled module's C thread polls an armed pipe's work before a host
+    function takes over (the driver's callback thread wakes 0.1-0.7 ms late: too late
+    for a copy of a few MiB). Costs a core while it polls; never the loop or the GIL."""
+
     def __init__(self) -> None:
         hot.open_driver()
         self._notify: dict[int, Any] = {}
@@ -127,7 +132,7 @@ class HostFuncNotifier:
         for event in events:
             check(wait(side, event, 0), "cuStreamWaitEvent(notify)")
         read_end, write_end = os.pipe()
-        err = hot.notify_close(side, write_end)
+        err = hot.notify_spin(side, write_end, self.spin_ns)
         if err:
             os.close(read_end)
             os.close(write_end)
@@ -136,7 +141,9 @@ class HostFuncNotifier:
         return read_end
 
     def close(self) -> None:
-        """Destroy the notify streams (the driver finishes their pending work first)."""
+        """Destroy the notify streams (the driver finishes their pending work first),
+        once the C thread holds none of their events (it is quick: work was synced)."""
+        hot.notify_drain(5.0)
         d = cu()
         for side in self._notify.values():
             d.cuStreamDestroy(side)

@@ -137,7 +137,7 @@ class LaunchOps(ProfileOps):
         else:
             grid = self._grid(count, stream)
             used = [*bindings.all_bindings(), count.binding]
-        if mode is ExecutionMode.CHECKED:
+        if mode is ExecutionMode.CHECKED and grid != loaded.grid_ok:
             self._check_launch(kernel, loaded, grid)
         resolved = self._streams.resolve(stream, used)
         gx, gy, gz = grid
@@ -189,6 +189,7 @@ class LaunchOps(ProfileOps):
         problem = loaded.problem or grid_problem(grid, self._max_grid)  # shared with host
         if problem:
             raise InvalidArgument(f"kernel {kernel.id!r} on {self.device}: {problem}")
+        loaded.grid_ok = grid
 
     def _static_problem(self, loaded: LoadedKernel) -> str:
         """What is wrong with the kernel's block and shared memory on this device ("")."""

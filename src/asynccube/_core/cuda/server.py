@@ -112,6 +112,7 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps):
         self._memory: MemoryManagement[int] = MemoryManagement(
             self._storage, memory, owner_id=self._table.queue.owner_id
         )
+        self._memory.before_grow = self._release_dropped
         self._events = EventPool()
         self._timing = EventPool(int(cu().CUevent_flags.CU_EVENT_BLOCKING_SYNC))
         self._backend = CudaBackend(self._events, _priority(priority))

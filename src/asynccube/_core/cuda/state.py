@@ -50,6 +50,9 @@ class LoadedKernel:
     checked: set[object] = field(default_factory=set)
     """The argument packs (one per signature) already checked against the kernel."""
     problem: str | None = None
+    grid_ok: tuple[int, int, int] | None = None
+    """The last grid a CHECKED launch found within the device's limits (checked again
+    only when the grid changes: CHECKED then costs one tuple comparison more)."""
     shape: tuple[int, int, int, int] = (0, 0, 0, 0)
     """Block x, y, z and dynamic shared memory bytes, as ``cuLaunchKernel`` takes them."""
 
