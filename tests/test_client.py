@@ -1,8 +1,6 @@
-"""Every client method, on each device the suite can use."""
+"""Every client method, on each device the suite can use, under asyncio and trio."""
 
 from __future__ import annotations
-
-import asyncio
 
 import numpy as np
 import pytest
@@ -10,8 +8,9 @@ import pytest
 import asynccube as ac
 
 from .kernels import ADD, SCALE, add_bindings, blocks
+from .tasks import in_task
 
-pytestmark = pytest.mark.asyncio
+pytestmark = pytest.mark.anyio  # each backend: asyncio and trio
 
 
 async def test_create_and_read_bytes(client: ac.ComputeClient) -> None:
@@ -155,7 +154,7 @@ async def test_can_mut(client: ac.ComputeClient) -> None:
     async def other_task() -> bool:
         return h.can_mut()
 
-    assert not await asyncio.create_task(other_task())
+    assert not await in_task(other_task)
 
 
 async def test_handle_cursor_is_stamped(client: ac.ComputeClient) -> None:

@@ -12,7 +12,7 @@ from asynccube._core.config import load_config
 
 from .kernels import ADD, add_bindings, blocks
 
-pytestmark = pytest.mark.asyncio
+pytestmark = pytest.mark.anyio  # each backend: asyncio and trio
 
 
 def _explode(launch: ac.HostLaunch) -> None:

@@ -1,4 +1,5 @@
-"""Memory comes back after tasks end, on each device: finished, failed or cancelled.
+"""Memory comes back after tasks end, on each device and backend (asyncio and trio):
+finished, failed or cancelled.
 
 A storm of concurrent tasks each creates two 1 KiB buffers, reserves a third, adds them
 with a kernel and awaits a read (or a sync). Once every task has ended and every handle
@@ -8,19 +9,21 @@ no handle can reach returns to its pool once the device has passed its last use.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import random
 
+import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
 import asynccube as ac
 
 from .kernels import ADD, add_bindings, blocks
+from .tasks import in_task
 
-pytestmark = pytest.mark.asyncio
+pytestmark = pytest.mark.anyio  # each backend: asyncio and trio
 
 TASKS = 1000
 N = 256  # float32 elements: 1 KiB per buffer
@@ -31,12 +34,12 @@ async def _task(client: ac.ComputeClient, i: int, end: str, fail: bool) -> None:
     a_data = np.full(N, i, np.float32)
     b_data = np.arange(N, dtype=np.float32)
     a = client.create(a_data)
-    await asyncio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     b = client.create(b_data)
-    await asyncio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     out = client.empty(4 * N)
     client.execute(ADD, blocks(N), add_bindings(a, b, out, N))
-    await asyncio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     if end == "read":
         # A descriptor twice the buffer's size: the awaited read raises.
         shape = (2 * N,) if fail else (N,)
@@ -53,18 +56,31 @@ async def _storm(client: ac.ComputeClient, end: str, outcome: str, seed: int) ->
     Returns each task's outcome: None, an exception, or "cancelled"."""
     rng = random.Random(seed)
     fail = outcome.endswith("raised")
-    tasks = [asyncio.create_task(_task(client, i, end, fail)) for i in range(TASKS)]
-    when: dict[int, list[asyncio.Task[None]]] = {}
+    scopes = [anyio.CancelScope() for _ in range(TASKS)]
+    results: list[object] = [None] * TASKS
+
+    async def run(i: int) -> None:
+        with scopes[i]:
+            try:
+                await _task(client, i, end, fail)
+            except Exception as exc:
+                results[i] = exc
+        if scopes[i].cancelled_caught:
+            results[i] = "cancelled"
+
+    when: dict[int, list[anyio.CancelScope]] = {}
     if outcome.startswith("cancelled"):
-        for task in tasks:
+        for scope in scopes:
             if rng.random() < 0.8:
-                when.setdefault(rng.randrange(STEPS + 2), []).append(task)
-    for step in range(STEPS + 2):
-        for task in when.get(step, []):
-            task.cancel()
-        await asyncio.sleep(0)
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    return ["cancelled" if isinstance(r, asyncio.CancelledError) else r for r in results]
+                when.setdefault(rng.randrange(STEPS + 2), []).append(scope)
+    async with anyio.create_task_group() as tg:
+        for i in range(TASKS):
+            tg.start_soon(run, i)
+        for step in range(STEPS + 2):
+            for scope in when.get(step, []):
+                scope.cancel()
+            await anyio.lowlevel.checkpoint()
+    return results
 
 
 # Taking back 3,000 buffers dropped at once (in memory_usage) takes a few milliseconds of
@@ -92,7 +108,7 @@ async def test_memory_returns_after_a_storm_of_tasks(
             repr(r) for r in results
         }
     del results
-    await asyncio.sleep(0)  # the step that resumed from gather held its result list
+    await anyio.lowlevel.checkpoint()  # the step that resumed from the task group held its results
     gc.collect()
     await client.sync()
     after = await client.memory_usage()
@@ -112,7 +128,7 @@ async def test_a_held_error_does_not_keep_its_buffers(client: ac.ComputeClient) 
         client.write([(h.copy_descriptor((8,), (1,), 4), bytes(32))])  # 32 B into 16 B
 
     before = await client.memory_usage()
-    await asyncio.create_task(failing_write())
+    await in_task(failing_write)
     gc.collect()
     await client.sync()
     after = await client.memory_usage()

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 
+import anyio
 import numpy as np
 import pytest
 
 import asynccube as ac
 
 from .kernels import ADD, SCALE, add_bindings, blocks
+from .tasks import in_task
 
-pytestmark = pytest.mark.asyncio
+pytestmark = pytest.mark.anyio  # each backend: asyncio and trio
 
 N = 256
 
@@ -165,7 +166,7 @@ async def test_a_capture_does_not_span_tasks(client: ac.ComputeClient) -> None:
         async with client.capture() as graph:
             client.execute(SCALE, blocks(N), scale(h, 3.0))
             with pytest.raises(ac.GraphCaptureError, match="another task is capturing"):
-                await asyncio.create_task(intruder())
+                await in_task(intruder)
     graph.replay()
     np.testing.assert_array_equal(await client.read_array(h, np.float32), np.full(N, 3.0))
 
@@ -180,7 +181,7 @@ async def test_other_streams_run_during_a_capture(client: ac.ComputeClient) -> N
 
     async with client.capture() as graph:
         client.execute(SCALE, blocks(N), scale(h, 2.0))
-        done = await asyncio.create_task(other_task())
+        done = await in_task(other_task)
     np.testing.assert_array_equal(done, np.full(N, 7.0))
     graph.replay()
     np.testing.assert_array_equal(await client.read_array(h, np.float32), np.full(N, 2.0))
@@ -237,7 +238,7 @@ async def _capture_and(client: ac.ComputeClient, h: ac.Handle, then: str) -> Non
         client.execute(SCALE, blocks(N), scale(h, 2.0))
         if then == "die":
             client._channel.kill_for_test(RuntimeError("boom"))
-            await asyncio.sleep(0.01)
+            await anyio.sleep(0.01)
         else:
             await client.close()
 
@@ -267,6 +268,6 @@ async def test_other_tasks_allocate_new_pages_during_a_capture(client: ac.Comput
 
     async with client.capture() as graph:
         client.execute(SCALE, blocks(N), scale(h, 2.0))
-        assert await asyncio.create_task(other_task()) == 64 << 20
+        assert await in_task(other_task) == 64 << 20
     graph.replay()
     np.testing.assert_array_equal(await client.read_array(h, np.float32), np.full(N, 2.0))

@@ -11,7 +11,7 @@ from asynccube._core.launch_limits import HOST_LIMITS, grid_problem
 
 from .kernels import ADD, NOOP, add_bindings
 
-pytestmark = pytest.mark.asyncio
+pytestmark = pytest.mark.anyio  # each backend: asyncio and trio
 
 _BIG_BLOCK_CUDA = r"""
 extern "C" __global__ void big(float* x) { x[threadIdx.x] = 0.0f; }
@@ -68,11 +68,10 @@ async def test_unchecked_launches_are_not_validated(client: ac.ComputeClient) ->
     await client.sync()
 
 
-async def test_the_largest_counts_are_accepted_on_the_host(
-    host_client: ac.ComputeClient,
-) -> None:
-    host_client.execute(NOOP, ac.CubeCount(2**31 - 1, 65535, 65535), ac.Bindings())
-    await host_client.sync()
+async def test_the_largest_counts_are_accepted_on_the_host() -> None:
+    async with ac.open_client("host") as host_client:
+        host_client.execute(NOOP, ac.CubeCount(2**31 - 1, 65535, 65535), ac.Bindings())
+        await host_client.sync()
 
 
 async def test_host_limits_are_cudas_documented_ones() -> None:

@@ -3,6 +3,7 @@ fixture's checks, the cuda marker, the blocked-loop detector, and the README exa
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -39,10 +40,11 @@ def test_readme_example_passes(pytester: pytest.Pytester) -> None:
     text = README.read_text()
     code = text.split("## Testing your code", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     result = _run(pytester, code, "-rs", "--asynccube-devices", "host")
+    anyio_runs = 2 if importlib.util.find_spec("trio") else 1  # asyncio, and trio
     if probe_gpus().usable:
-        result.assert_outcomes(passed=2)
+        result.assert_outcomes(passed=2 + anyio_runs)
     else:
-        result.assert_outcomes(passed=1, skipped=1)
+        result.assert_outcomes(passed=1 + anyio_runs, skipped=1)
         result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])
 
 
@@ -95,20 +97,53 @@ async def test_blocks():
     result.stdout.fnmatch_lines(["*the event loop was blocked for*ms (limit 5 ms)*"])
 
 
-def test_anyio_plugin_runs_the_client_fixture(pytester: pytest.Pytester) -> None:
+def test_anyio_plugin_runs_the_client_fixture_on_both_backends(
+    pytester: pytest.Pytester,
+) -> None:
     source = """
 import pytest
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    return request.param
 
 @pytest.mark.anyio
-async def test_anyio(asynccube_client):
+async def test_anyio(asynccube_client, anyio_backend):
     (data,) = await asynccube_client.read([asynccube_client.create(b"ok")])
     assert data == b"ok"
+    assert asynccube_client._channel.backend.name == anyio_backend
 """
-    _run(pytester, source, "--asynccube-devices", "host").assert_outcomes(passed=1)
+    result = _run(pytester, source, "-v", "--asynccube-devices", "host")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        ["*test_anyio?asyncio-host?*PASSED*", "*test_anyio?trio-host?*PASSED*"]
+    )
+
+
+def test_blocked_loop_detector_probes_anyio_tests_on_trio(pytester: pytest.Pytester) -> None:
+    source = """
+import time
+import pytest
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request):
+    return request.param
+
+@pytest.mark.anyio
+async def test_blocks():
+    time.sleep(0.05)
+
+@pytest.mark.anyio
+async def test_yields():
+    import anyio
+    for _ in range(20):
+        await anyio.sleep(0.001)
+"""
+    result = _run(pytester, source, "-v", "--asynccube-max-lag-ms", "20")
+    result.assert_outcomes(failed=2, passed=2)
+    result.stdout.fnmatch_lines(
+        ["*the event loop was blocked for*ms (limit 20 ms) by a step of trio task*"]
+    )
 
 
 def test_a_bad_device_name_stops_the_run(pytester: pytest.Pytester) -> None:

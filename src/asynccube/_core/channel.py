@@ -7,7 +7,8 @@ to the actor, which yields. Otherwise the client appends commands to a deque and
 actor, which runs every queued command in one batch (yielding to the loop every
 millisecond of work), then sleeps again. Fire-and-forget commands return nothing: an
 error they raise is held for their stream and raised by the next awaited command on that
-stream. Awaited commands resolve an asyncio future through the completion watcher.
+stream. Awaited commands resolve an asyncio future through the completion watcher (on
+the backend's loop, :mod:`.backend`: asyncio's own, or trio's adapter).
 
 If the actor dies, every pending and later awaitable fails at once with
 ClientDeadError; after a sticky device error, with that DeviceError.
@@ -23,6 +24,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from .backend import AsyncioBackend, backend_of
 from .completion import CompletionWatcher
 from .errors import AsyncCubeError, ClientClosedError, ClientDeadError, LoopMismatchError, Unknown
 from .held import HeldErrors, detach_frames
@@ -47,11 +49,13 @@ class State(enum.Enum):
 
 
 class Channel:
-    """Links a client to its server through one actor task on ``loop``."""
+    """Links a client to its server through one actor task on ``loop`` (see above)."""
 
     def __init__(self, server: ComputeServer, loop: asyncio.AbstractEventLoop) -> None:
         self.server = server
         self.loop = loop
+        self.backend = backend_of(loop)
+        self._cancelled = self.backend.cancelled
         self.state = State.OPEN
         self._queue: deque[tuple[Op, tuple[Any, ...]]] = deque()
         self._wakeup: asyncio.Future[None] | None = None
@@ -67,7 +71,8 @@ class Channel:
         self._stop = False
         self._batch_end_scheduled = False
         self._inline_deadline = 0.0
-        self.watcher = CompletionWatcher(loop)
+        native = isinstance(self.backend, AsyncioBackend)
+        self.watcher = CompletionWatcher(loop, None if native else self.backend.checkpoint)
         self.guard: Callable[[str], None] | None = None
         """Set while a graph capture is open: called by ``check`` with the name of the
         client method calling it (see :mod:`.graph`)."""
@@ -80,10 +85,11 @@ class Channel:
         """Raise unless the channel is open and called from its own loop."""
         if self.state is not State.OPEN:
             raise self._unusable()
-        if asyncio._get_running_loop() is not self.loop:
+        if asyncio._get_running_loop() is not self.loop and not self.backend.on_loop():
             raise LoopMismatchError(
-                "this client runs on another event loop or thread; call it from its own "
-                "loop, or use asyncio.run_coroutine_threadsafe(coro, client.loop)"
+                f"this client runs on another event loop or thread (it was opened under "
+                f"{self.backend.name}); call it from its own loop, or "
+                f"{self.backend.thread_hint}"
             )
         if self.guard is not None:
             self.guard(sys._getframe(1).f_code.co_name)
@@ -101,7 +107,7 @@ class Channel:
         if self.state is State.DEAD:
             if isinstance(self._death, AsyncCubeError):
                 return self._death
-            if isinstance(self._death, asyncio.CancelledError):
+            if isinstance(self._death, self._cancelled):
                 err = ClientDeadError(
                     "the event loop this client ran on has ended (its actor task was "
                     "cancelled); open a new client on a running loop"
@@ -201,7 +207,7 @@ class Channel:
                     await self._wakeup
         except BaseException as exc:
             self._die(exc)
-            if isinstance(exc, asyncio.CancelledError):
+            if isinstance(exc, self._cancelled):
                 raise
 
     async def _drain(self) -> None:
@@ -218,7 +224,7 @@ class Channel:
                 await pending
             if clock() > deadline:
                 self._end_batch()
-                await asyncio.sleep(0)
+                await self.backend.checkpoint()
                 deadline = clock() + _BATCH_SECONDS
         self._end_batch()
 
@@ -375,7 +381,7 @@ class Channel:
     async def wait_actor(self) -> None:
         """Wait for the actor task to end (after close or death)."""
         if not self._actor.done():
-            await asyncio.wait([self._actor])
+            await self.backend.wait(self._actor)
 
     def kill_for_test(self, exc: BaseException) -> None:
         """Make the actor die with ``exc`` at its next command (tests only)."""

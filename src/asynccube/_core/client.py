@@ -50,11 +50,13 @@ _NOT_RECORDING = (
 
 
 class ComputeClient(ClientCore):
-    """Sends work to one server through an actor task on the current event loop.
+    """Sends work to one server through an actor task on the current event loop
+    (asyncio, uvloop included, or trio).
 
     Create it with :func:`open_client` (``async with``) or :func:`connect`. Every method
     must be called from the loop the client was opened on (other threads: use
-    ``asyncio.run_coroutine_threadsafe(coro, client.loop)``); a call from elsewhere
+    ``asyncio.run_coroutine_threadsafe(coro, client.loop)``, or under trio
+    ``trio.from_thread.run(fn, trio_token=client.loop.token)``); a call from elsewhere
     raises LoopMismatchError. Methods returning futures queue their command at once, so
     ``fut = client.read(...)`` orders the read before any later call even before it is
     awaited.
@@ -241,7 +243,7 @@ class ComputeClient(ClientCore):
             self._closing = channel.begin_close()
         try:
             if self._closing is not None and not self._closing.done():
-                await asyncio.shield(self._closing)
+                await channel.backend.shield(self._closing)
             await channel.wait_actor()
         finally:
             self._jobs.close()

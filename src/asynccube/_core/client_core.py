@@ -109,7 +109,7 @@ class ClientCore:
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop this client runs on."""
+        """The client's event loop: asyncio's, or trio's adapter (``.token``: the run's)."""
         return self._channel.loop
 
     @property

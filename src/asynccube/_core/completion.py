@@ -9,7 +9,8 @@ Two paths, picked per completion:
   before its caller suspends (host completions are not: spinning would hold the GIL
   their worker threads need).
 * Any other completion (a CUDA event) is polled with ``done()`` from one poller task,
-  yielding to the loop between rounds (``await asyncio.sleep(0)``), for a short spin
+  yielding to the loop between rounds (the backend's checkpoint: ``asyncio.sleep(0)``),
+  for a short spin
   budget; a completion still pending after that is handed to a waiter thread, which
   blocks in ``wait()`` (never on the loop) and then resolves it through
   ``call_soon_threadsafe``. Short waits are fast; long waits cost no CPU.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
@@ -42,7 +43,8 @@ class CompletionWatcher:
     """Resolves completions on one event loop.
 
     Args:
-        loop: The loop that owns the futures.
+        loop: The loop that owns the futures (asyncio's, or the trio adapter).
+        checkpoint: Yields to that loop once (None: ``asyncio.sleep(0)``, inline).
         spin_seconds: How long a completion is polled before a waiter thread takes it.
         sync_spin_seconds: How long a loop-thread completion is polled without yielding.
     """
@@ -50,10 +52,12 @@ class CompletionWatcher:
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
+        checkpoint: Callable[[], Awaitable[None]] | None = None,
         spin_seconds: float = 200e-6,
         sync_spin_seconds: float = 30e-6,
     ) -> None:
         self._loop = loop
+        self._checkpoint = checkpoint
         self._spin = spin_seconds
         self._sync_spin = sync_spin_seconds
         self._polling: list[tuple[Completion[Any], Sink, float]] = []
@@ -91,9 +95,13 @@ class CompletionWatcher:
 
     async def _poll(self) -> None:
         try:
+            checkpoint = self._checkpoint
             while self._polling:
                 self._round()
-                await asyncio.sleep(0)
+                if checkpoint is None:
+                    await asyncio.sleep(0)
+                else:
+                    await checkpoint()
         finally:
             self._poller = None
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .backend import run_blocking
 from .errors import AsyncCubeError, CudaDriverError, DeviceError, InvalidArgument
 from .host.server import HostServer
 from .server import ComputeServer
@@ -65,12 +65,11 @@ async def make_server(
     from the file, the environment, then ``config`` (validated like the file)."""
     from .settings import load_settings
 
-    loop = asyncio.get_running_loop()
     if device is not None:
         parse_device(device)  # a bad device string fails before any blocking work
-    settings = await loop.run_in_executor(None, load_settings, None, config)
+    settings = await run_blocking(load_settings, None, config)
     if device is None:
-        probe = await loop.run_in_executor(None, probe_gpus)
+        probe = await run_blocking(probe_gpus)
         device = "cuda:0" if probe.usable else "host"
     kind, index = parse_device(device)
     if kind == "host":
@@ -91,7 +90,7 @@ async def _make_cuda(index: int, settings: Settings) -> ComputeServer:
         failure: BaseException = exc
     except Exception as exc:  # no driver library, no cuda-bindings, driver too old, ...
         failure = exc
-    probe = await asyncio.get_running_loop().run_in_executor(None, probe_gpus)
+    probe = await run_blocking(probe_gpus)
     raise cannot_open(index, probe, failure) from None
 
 

@@ -26,7 +26,7 @@ from .bindings import Bindings
 from .capture import CapturedGraph, ServerCapture, check_update
 from .channel import State
 from .errors import GraphCaptureError, InvalidHandle
-from .stream_id import StreamId
+from .stream_id import StreamId, current_task
 
 if TYPE_CHECKING:
     from .client_core import ClientCore
@@ -52,7 +52,7 @@ CAPTURABLE: Final = frozenset(
 
 @dataclass(slots=True)
 class _Capture:
-    task: asyncio.Task[Any] | None
+    task: object | None  # an asyncio or trio task
     stream: StreamId
     server: ServerCapture | None = None
     aborted: str | None = None
@@ -107,11 +107,8 @@ class _Registry:
                 channel.send(channel.fire, StreamId.current(), _releaser(graph))
 
 
-def _task() -> asyncio.Task[Any] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:
-        return None
+def _task() -> object | None:
+    return current_task()
 
 
 def _abort(cap: _Capture) -> None:

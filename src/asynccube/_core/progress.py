@@ -5,10 +5,11 @@ or when the caller disables it (``[autotune] progress = false`` for tuning)."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import sys
 from typing import Any
+
+from .backend import to_thread
 
 __all__ = ["Progress", "interactive", "open_progress"]
 
@@ -56,7 +57,7 @@ async def open_progress(total: int, description: str, *, enabled: bool = True) -
     The bar is made in a worker thread (see :func:`_new_bar`)."""
     if not enabled or total < 1 or not interactive():
         return Progress()
-    return Progress(await asyncio.to_thread(_new_bar, total, description))
+    return Progress(await to_thread(_new_bar, total, description))
 
 
 def _new_bar(total: int, description: str) -> Any:

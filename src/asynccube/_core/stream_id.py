@@ -1,4 +1,8 @@
-"""Per-task stream identity (cubecl's ``StreamId``, per asyncio task instead of per thread)."""
+"""Per-task stream identity (cubecl's ``StreamId``, per task instead of per thread).
+
+Tasks are asyncio's; under trio, the trio backend registers how to find the current
+trio task (:func:`set_task_finder`), asked only where no asyncio loop runs.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import asyncio
 import itertools
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -15,7 +19,7 @@ import numpy as np
 
 from .errors import InvalidArgument
 
-__all__ = ["StreamId"]
+__all__ = ["StreamId", "current_task", "set_task_finder"]
 
 _counter = itertools.count(1)
 _owned: ContextVar[tuple[weakref.ReferenceType[object] | int, StreamId] | None] = ContextVar(
@@ -28,11 +32,31 @@ _get_running_loop = asyncio._get_running_loop
 _current_task = asyncio.current_task  # C on Python 3.12+
 
 
+def _no_task() -> object | None:
+    return None
+
+
+_other_task: Callable[[], object | None] = _no_task
+
+
+def set_task_finder(finder: Callable[[], object | None]) -> None:
+    """Where no asyncio loop runs, ``finder()`` gives the current task of another
+    library (trio's), or None in a plain thread."""
+    global _other_task
+    _other_task = finder
+
+
+def current_task() -> object | None:
+    """The calling asyncio (or trio) task, or None outside any task."""
+    loop = _get_running_loop()
+    return _other_task() if loop is None else _current_task(loop)
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class StreamId:
     """Identifies a logical stream of work.
 
-    Each asyncio task gets its own stream the first time it asks (``StreamId.current()``),
+    Each asyncio (or trio) task gets its own stream the first time it asks (``StreamId.current()``),
     so concurrent tasks run on concurrent device streams. Code outside any task (a
     thread without a running loop) gets one stream per thread.
     """
@@ -50,7 +74,7 @@ class StreamId:
             return pinned
         owned = _owned.get()
         loop = _get_running_loop()  # this is on every command: no helper frames
-        task = None if loop is None else _current_task(loop)
+        task = _other_task() if loop is None else _current_task(loop)
         if owned is not None:
             owner = owned[0]
             if task is not None:

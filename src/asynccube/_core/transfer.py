@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from .backend import shield
 from .errors import InvalidArgument, InvalidHandle
 from .stream_id import StreamId
 from .types import Binding, Handle
@@ -60,9 +61,10 @@ def to_client(src: ClientCore, handle: Handle | Binding, other: ClientCore) -> H
 async def _wait(fut: asyncio.Future[Any]) -> None:
     """Wait for ``fut``, set by another client's command; that client's channel fails
     it if its actor dies first (:meth:`.Channel.track`). Shielded: cancelling the waiter
-    does not cancel what the other side looks at."""
+    does not cancel what the other side looks at (on the future's own loop: asyncio's,
+    or trio's adapter)."""
     if not fut.done():
-        await asyncio.shield(fut)
+        await shield(fut)
 
 
 def _binding(handle: object) -> Binding:
@@ -97,7 +99,7 @@ def _write_when_read(
 async def _after_read(
     other: ClientCore, dst: Handle, data: asyncio.Future[list[Any]], stream: StreamId
 ) -> None:
-    await asyncio.wait([data])  # a request future: a dead channel fails it at once
+    await other._channel.backend.wait(data)  # a request future: a dead channel fails it
     other._channel.activate()
     pending = _write(other, dst, data, stream)
     if pending is not None:
@@ -214,7 +216,7 @@ async def _dest_side_later(
                 await other._jobs.run(job)
     except BaseException as exc:
         _give_up(other, dst, copied, stream, exc)
-        if isinstance(exc, asyncio.CancelledError):
+        if isinstance(exc, other._channel.backend.cancelled):
             raise  # the actor is being cancelled: the copy failed, and the actor ends
         return
     other._channel.activate()

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, TypeVar
 
+from ..backend import running_loop
 from .driver import check, cu, error_from, set_current
 from .hotpath import hot
 
@@ -285,7 +286,7 @@ class CudaCompletion(Generic[T]):
         without threads: poll ``done()`` once per loop iteration for ``SPIN_SECONDS``
         (short waits), then watch ``fileno()`` (long waits), rechecking ``done()`` every
         ``CHECK_SECONDS``. Call it from the loop's thread."""
-        _Watch(self, fn, asyncio.get_running_loop()).start()
+        _Watch(self, fn, running_loop()).start()  # asyncio's, or the trio adapter
 
     def result(self) -> T:
         """The finalized result, or the work's typed error. Only valid once ``done()``."""

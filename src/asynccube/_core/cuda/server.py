@@ -29,7 +29,6 @@ everything in the context, including CuPy's or PyTorch's allocations in this pro
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import time
@@ -37,6 +36,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
+from ..backend import run_blocking
 from ..errors import CudaDriverError, DeviceError
 from ..logging import ServerLogger
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
@@ -219,8 +219,7 @@ async def open_cuda_server(index: int = 0, settings: Settings | None = None) -> 
     """Open GPU ``index``. Driver start-up, property queries, the server's construction
     and the warm-up of its pools (each a few milliseconds the first time) run in a worker
     thread; then the context is made current on the loop's thread, where the actor runs."""
-    loop = asyncio.get_running_loop()
-    server = await loop.run_in_executor(None, _build, index, _options(settings))
+    server = await run_blocking(_build, index, _options(settings))
     server.context.make_current()
     return server
 

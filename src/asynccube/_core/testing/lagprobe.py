@@ -18,6 +18,9 @@ interrupt handling is charged to the running thread's CPU time), while a real bl
 shows in both. A callback whose own time exceeds 5 ms (``ASYNCCUBE_MAX_LAG_MS`` sets
 another limit, in milliseconds) has blocked the loop. Timer
 lateness is not used: there, a 1 ms timer can fire tens of milliseconds late.
+
+Under trio, :class:`TrioLagProbe` measures the same way, with each task step (trio's
+``before_task_step``/``after_task_step`` instrument hooks) as the callback.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["LoopLagProbe", "max_lag_seconds"]
+__all__ = ["LoopLagProbe", "TrioLagProbe", "max_lag_seconds"]
 
 
 def max_lag_seconds(default: float = 0.005) -> float:
@@ -178,24 +181,98 @@ class LoopLagProbe:
             self.culprit = _describe(handle)
 
 
+_Mark = tuple[float, float, float, "float | None", float, float]
+
+
+def _mark(fd: int | None) -> _Mark:
+    """The clocks at the start of a callback."""
+    queued = _runqueue_seconds(fd)
+    return (
+        _Clock.gc_seconds,
+        _Clock.gc_wall,
+        _Clock.blocked_seconds,
+        queued,
+        time.thread_time(),
+        time.perf_counter(),
+    )
+
+
+def _own_since(mark: _Mark, fd: int | None) -> float:
+    """A callback's own time since ``mark`` (see the module docstring)."""
+    collected, gc_wall, blocked, queued, cpu, wall = mark
+    wall = time.perf_counter() - wall - (_Clock.gc_wall - gc_wall)
+    own = time.thread_time() - cpu - (_Clock.gc_seconds - collected)
+    own += _Clock.blocked_seconds - blocked
+    if queued is not None:
+        wall -= (_runqueue_seconds(fd) or queued) - queued
+        own = min(own, wall)
+    return own
+
+
 def _timed_run(self: events.Handle) -> None:
     probe = LoopLagProbe._active
     fd = probe.fd if probe is not None else None
-    collected, gc_wall, blocked = _Clock.gc_seconds, _Clock.gc_wall, _Clock.blocked_seconds
-    queued = _runqueue_seconds(fd)
-    cpu = time.thread_time()
-    wall = time.perf_counter()
+    mark = _mark(fd)
     try:
         _original_run(self)
     finally:
-        wall = time.perf_counter() - wall - (_Clock.gc_wall - gc_wall)
-        own = time.thread_time() - cpu - (_Clock.gc_seconds - collected)
-        own += _Clock.blocked_seconds - blocked
-        if queued is not None:
-            wall -= (_runqueue_seconds(fd) or queued) - queued
-            own = min(own, wall)
+        own = _own_since(mark, fd)
         if probe is not None and LoopLagProbe._active is probe:
             probe._record(self, own)
+
+
+class TrioLagProbe:
+    """Records the trio task step with the longest own time in the current run."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self.culprit = ""
+        self.callbacks = 0
+        self.fd: int | None = None
+        self._marks: dict[Any, _Mark] = {}
+        self._patches: Any = None
+
+    def start(self) -> None:
+        """Start timing the run's task steps (call it from a trio task)."""
+        import trio
+
+        _Clock.loop_thread = threading.get_ident()
+        self.fd = _open_schedstat()
+        gc.collect()
+        gc.freeze()
+        gc.callbacks.append(_gc_timer)
+        self._patches = _patched_blocking_calls()
+        self._patches.__enter__()
+        trio.lowlevel.add_instrument(self)  # type: ignore[arg-type]  # (hooks by name)
+
+    async def stop(self) -> float:
+        """Stop timing; return the longest own time of a task step, in seconds."""
+        import trio
+
+        await trio.lowlevel.checkpoint()
+        trio.lowlevel.remove_instrument(self)  # type: ignore[arg-type]
+        self._patches.__exit__(None, None, None)
+        gc.callbacks.remove(_gc_timer)
+        _Clock.loop_thread = -1
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        return self.worst
+
+    def before_task_step(self, task: Any) -> None:
+        """trio's hook: a step of ``task`` starts."""
+        self._marks[task] = _mark(self.fd)
+
+    def after_task_step(self, task: Any) -> None:
+        """trio's hook: the step of ``task`` has ended."""
+        mark = self._marks.pop(task, None)
+        if mark is None:
+            return
+        own = _own_since(mark, self.fd)
+        self.callbacks += 1
+        if own > self.worst:
+            self.worst = own
+            self.culprit = f"a step of trio task {task.name!r}"
 
 
 def _describe(handle: Any) -> str:

@@ -9,9 +9,10 @@
   bytes are still in use once the test's handles are gone.
 * the marker ``cuda``: skipped with the reason where no GPU is usable.
 * a blocked-loop detector: ``--asynccube-max-lag-ms=N`` (or ``ASYNCCUBE_MAX_LAG_MS``, or
-  the ini value ``asynccube_max_lag_ms``; off by default) fails an asyncio test whose
-  loop was blocked longer than N ms by one callback; tests marked ``allow_loop_lag`` are
-  not probed.
+  the ini value ``asynccube_max_lag_ms``; off by default) fails an async test (marked
+  ``asyncio``, or ``anyio`` on either backend) whose loop was blocked longer than N ms
+  by one callback (one task step under trio); tests marked ``allow_loop_lag`` are not
+  probed.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from typing import Any
 
 import pytest
 
+from ..backend import current_library
 from ..client import ComputeClient
 from ..devices import GpuProbe, parse_device, probe_gpus
 from ..open import connect
-from .lagprobe import LoopLagProbe, max_lag_seconds
+from .lagprobe import LoopLagProbe, TrioLagProbe, max_lag_seconds
 
 __all__ = [
     "LAG_FAILURE",
@@ -58,7 +60,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--asynccube-max-lag-ms",
         type=float,
         default=None,
-        help="fail an asyncio test whose event loop is blocked longer than this (ms)",
+        help="fail an async test whose event loop is blocked longer than this (ms)",
     )
     parser.addini(
         "asynccube_max_lag_ms",
@@ -122,7 +124,7 @@ def _device_params(config: pytest.Config) -> list[Any]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``cuda`` tests where no GPU is usable; probe asyncio tests for loop lag."""
+    """Skip ``cuda`` tests where no GPU is usable; probe async tests for loop lag."""
     probe = config.stash[_PROBE_KEY]
     skip_cuda = pytest.mark.skip(reason=f"needs a CUDA GPU: {probe.reason}")
     limit = config.stash[_LIMIT_KEY]
@@ -131,7 +133,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_cuda)
         if limit is None or not isinstance(item, pytest.Function):
             continue
-        if item.get_closest_marker("asyncio") and not item.get_closest_marker("allow_loop_lag"):
+        if item.get_closest_marker("allow_loop_lag"):
+            continue
+        if item.get_closest_marker("asyncio") or item.get_closest_marker("anyio"):
             item.obj = _with_lag_probe(item.obj, limit)
 
 
@@ -143,9 +147,17 @@ def _with_lag_probe(
 
     @functools.wraps(test)
     async def probed(*args: Any, **kwargs: Any) -> None:
-        probe = LoopLagProbe()
-        probe.start()
-        await asyncio.sleep(0)  # the body starts in a new loop step, which the probe times
+        probe: LoopLagProbe | TrioLagProbe
+        if current_library() == "trio":
+            import trio
+
+            probe = TrioLagProbe()
+            probe.start()
+            await trio.lowlevel.checkpoint()  # the body starts in a new, timed step
+        else:
+            probe = LoopLagProbe()
+            probe.start()
+            await asyncio.sleep(0)  # the body starts in a new loop step, which is timed
         try:
             await test(*args, **kwargs)
         finally:

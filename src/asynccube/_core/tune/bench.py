@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, Final
 
+from ..backend import to_thread
 from ..errors import AsyncCubeError
 from ..logging import area_logger
 from .cache import AutotuneOutcome
@@ -44,7 +45,7 @@ async def benchmark(
         if count is None and (level := from_code(client, "level")) is not None:
             count = SAMPLES_BY_LEVEL[str(level.value)]  # open_client(config=...)
         if count is None:
-            count = samples = await asyncio.to_thread(configured_samples)
+            count = samples = await to_thread(configured_samples)
         timings = [await _profiled(client, tunable, inputs) for _ in range(count)]
     except Exception as exc:
         log.info("autotune %s: %s failed: %s: %s", name, tunable.name, type(exc).__name__, exc)

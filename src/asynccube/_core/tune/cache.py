@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from ..backend import running_loop, shield, to_thread
 from ..errors import AutotuneError, ConfigError
 from ..logging import area_logger
 from ..version import __version__
@@ -140,7 +141,7 @@ class TuneCache:
         task = self._pending.get(key)
         if task is None or task.done():
             return None
-        if task.get_loop() is not asyncio.get_running_loop():
+        if task.get_loop() is not running_loop():
             return None
         return task
 
@@ -205,13 +206,14 @@ class TuneCache:
         if self._disk is not None:
             return
         loading = self._loading
-        if loading is None or loading.get_loop() is not asyncio.get_running_loop():
-            loading = self._loading = asyncio.ensure_future(self._load())
-        await asyncio.shield(loading)
+        loop = running_loop()
+        if loading is None or loading.get_loop() is not loop:
+            loading = self._loading = loop.create_task(self._load())
+        await shield(loading)
 
     async def _load(self) -> None:
         try:
-            entries = await asyncio.to_thread(self._load_blocking)
+            entries = await to_thread(self._load_blocking)
         except Exception as exc:  # a bug or an odd filesystem: tune without the disk
             log.warning(
                 "autotune cache for %s could not be loaded (%r); tuning afresh", self.name, exc
@@ -258,7 +260,7 @@ class TuneCache:
         """
         record = result.to_dict(key)
         key_id = key.to_json()
-        written = await asyncio.to_thread(self._persist_blocking, key_id, record)
+        written = await to_thread(self._persist_blocking, key_id, record)
         if written and self._disk is not None:
             self._disk[key_id] = record
 

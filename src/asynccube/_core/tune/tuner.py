@@ -8,8 +8,8 @@ lowest median wins. A set of one implementation is used without benchmarking. An
 implementation that raises is recorded as failed; if all fail,
 :class:`~asynccube.AutotuneError` names each failure.
 
-Tuning runs in its own asyncio task (so on its own stream), shared by every caller
-asking for the same key: fifty concurrent callers start one run. In
+Tuning runs in its own task (asyncio's, or a trio system task; so on its own stream),
+shared by every caller asking for the same key: fifty concurrent callers start one run. In
 :attr:`TuneMode.BLOCKING` callers wait for it; in :attr:`TuneMode.BACKGROUND` they are
 served by the set's default implementation until the result is in (the seed's
 ``Pending`` state), and by the fastest afterwards.
@@ -23,6 +23,7 @@ import os
 import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..backend import running_loop, shield, wait_all
 from ..errors import AutotuneCheckError, AutotuneError, InvalidArgument
 from ..logging import area_logger
 from ..progress import open_progress
@@ -191,10 +192,9 @@ class Tuner:
 
     async def wait(self) -> None:
         """Wait for every tuning run in flight on this loop (including its disk write)."""
-        loop = asyncio.get_running_loop()
-        tasks = [t for t in self._tasks if t.get_loop() is loop]
-        if tasks:
-            await asyncio.wait(tasks)
+        loop = running_loop()
+        tasks: list[asyncio.Future[Any]] = [t for t in self._tasks if t.get_loop() is loop]
+        await wait_all(tasks)
 
     def cache(self, client: ComputeClient) -> TuneCache:
         """The cache of ``client``'s device."""
@@ -253,7 +253,10 @@ class Tuner:
             if known is not None:
                 return known
             task = cache.pending(key) or self._start(client, cache, tunables, key, inputs)
-        return await asyncio.shield(task) if wait else None
+        if not wait:
+            return None
+        tuned: TuneResult = await shield(task)
+        return tuned
 
     def _known(
         self,
@@ -289,7 +292,7 @@ class Tuner:
         inputs: In,
     ) -> asyncio.Task[TuneResult]:
         self.runs += 1
-        task = asyncio.get_running_loop().create_task(
+        task = running_loop().create_task(  # a system task under trio
             self._tune(client, cache, tunables, key, inputs),
             name=f"asynccube-autotune-{self.name}",
         )
