@@ -1,17 +1,14 @@
 """The channel: one actor task drains a queue of commands into the server.
 
-When the actor is idle and nothing is queued, the caller runs its command at once, as
-the actor would (same thread, same order), and the server's batch is ended at the end
-of that loop iteration; past a millisecond of such work in one iteration, commands go
-to the actor, which yields. Otherwise the client appends commands to a deque and wakes the
-actor, which runs every queued command in one batch (yielding to the loop every
-millisecond of work), then sleeps again. Fire-and-forget commands return nothing: an
-error they raise is held for their stream and raised by the next awaited command on that
-stream. Awaited commands resolve an asyncio future through the completion watcher (on
-the backend's loop, :mod:`.backend`: asyncio's own, or trio's adapter).
-
-If the actor dies, every pending and later awaitable fails at once with
-ClientDeadError; after a sticky device error, with that DeviceError.
+An idle actor with nothing queued lets the caller run its command at once (same thread,
+same order; the server's batch ends with the loop iteration; past 1 ms of such work in
+one iteration commands go to the actor). Otherwise commands wait in a deque for the
+actor, which runs them in batches, yielding every millisecond of work. A
+fire-and-forget command's error is held for its stream and raised by the next awaited
+command there. Awaited commands resolve a future through the completion watcher, on
+the backend's loop (:mod:`.backend`: asyncio's own, or trio's adapter). If the actor
+dies, every pending and later awaitable fails at once with ClientDeadError (after a
+sticky device error, with that DeviceError).
 """
 
 from __future__ import annotations
@@ -108,13 +105,10 @@ class Channel:
             if isinstance(self._death, AsyncCubeError):
                 return self._death
             if isinstance(self._death, self._cancelled):
-                err = ClientDeadError(
-                    "the event loop this client ran on has ended (its actor task was "
-                    "cancelled); open a new client on a running loop"
-                )
-                err.__cause__ = self._death
-                return err
-            err = ClientDeadError(f"the client's actor died: {self._death!r}")
+                why = "the event loop this client ran on has ended (its actor task was "
+                err = ClientDeadError(why + "cancelled); open a new client on a running loop")
+            else:
+                err = ClientDeadError(f"the client's actor died: {self._death!r}")
             err.__cause__ = self._death
             return err
         return ClientClosedError("the client is closed; open a new one with open_client()")
