@@ -198,3 +198,30 @@ async def test_to_client_from_a_busy_source_waits_for_its_work(a: str, b: str) -
         for copy in copies:
             np.testing.assert_array_equal(await cb.read_array(copy, np.float32), np.full(n, 4.0))
         np.testing.assert_array_equal(await ca.read_array(h, np.float32), np.full(n, 2.0))
+
+
+@pytest.mark.cuda
+@two_gpus
+async def test_peer_access_is_enabled_again_for_new_clients() -> None:
+    """Closing a client resets its device's context and drops its pool: the clients
+    opened after it must enable peer access (and pool access) again, or the driver
+    stages each peer copy through the host at a tenth of the bandwidth."""
+    from asynccube._core.cuda.driver import check, cu
+
+    d = cu()
+    for _ in range(2):
+        async with ac.open_client("cuda:0") as c0, ac.open_client("cuda:1") as c1:
+            h = c0.create(np.arange(1 << 16, dtype=np.float32))
+            copy = c0.to_client(h, c1)
+            np.testing.assert_array_equal(
+                await c1.read_array(copy, np.float32), np.arange(1 << 16, dtype=np.float32)
+            )
+            for server, peer in ((c0.server, 1), (c1.server, 0)):
+                pool = getattr(server._storage, "_pool", None)  # type: ignore[attr-defined]
+                if pool is None:
+                    continue  # cuMemAlloc pages: context peer access is enough
+                where = d.CUmemLocation()
+                where.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+                where.id = peer
+                flags = check(d.cuMemPoolGetAccess(pool, where))
+                assert flags == d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE

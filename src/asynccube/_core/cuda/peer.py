@@ -11,6 +11,7 @@ reach each other take the staged path of :mod:`..transfer` instead.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Final
 
 from ..stream_id import StreamId
@@ -33,7 +34,10 @@ __all__ = [
 ]
 
 _ALREADY_ENABLED: Final = 704  # CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-_enabled: set[tuple[int, int]] = set()
+_enabled: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
+"""Per server, the servers it has peer access with (its context's and its pool's): per
+server object, not per device pair, since closing a client resets its device's primary
+context and its new client has a new pool, so both must be enabled again."""
 _lock = threading.Lock()
 _reach: dict[tuple[int, int], bool] = {}
 
@@ -91,20 +95,29 @@ def describe_links(count: int) -> list[str]:
 def enable_peer_job(src: CudaServer, dst: CudaServer) -> Any:
     """A job (for a worker thread) enabling peer access both ways, or None if done."""
     a, b = _ordinal(src), _ordinal(dst)
-    if a == b or (a, b) in _enabled:
+    if a == b or _is_enabled(src, dst):
         return None
 
     def job() -> None:
         with _lock:
-            if (a, b) in _enabled:
+            if _is_enabled(src, dst):
                 return
             _enable(dst.context.context, src.context.context)
             _enable(src.context.context, dst.context.context)
             _grant(src, b)  # pool memory ignores context peer access: its pool must
             _grant(dst, a)  # let the other device in
-            _enabled.update({(a, b), (b, a)})
+            for one, other in ((src, dst), (dst, src)):
+                peers = _enabled.get(one)
+                if peers is None:
+                    peers = _enabled[one] = weakref.WeakSet()
+                peers.add(other)
 
     return job
+
+
+def _is_enabled(src: CudaServer, dst: CudaServer) -> bool:
+    peers = _enabled.get(src)
+    return peers is not None and dst in peers
 
 
 def _enable(accessor: Any, peer: Any) -> None:
