@@ -34,6 +34,13 @@ def environment(device: str = "") -> dict[str, str]:
             env[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             env[pkg] = "-"
+    if env["asynccube"] == "-":  # run from a checkout (PYTHONPATH=src): its own version
+        try:
+            from asynccube import __version__
+
+            env["asynccube"] = f"{__version__} (source)"
+        except ImportError:
+            pass
     return env
 
 

@@ -355,6 +355,7 @@ def main() -> None:
             f"| - | <= {GOAL_TASKS} |"
         )
     result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "quick": args.quick,

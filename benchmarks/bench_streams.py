@@ -311,6 +311,7 @@ def main() -> None:
         print(f"| {name} | {us:.2f} |")
 
     result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),

@@ -20,7 +20,9 @@ NOTES = Path(__file__).parent / "notes"  # notes/<name>.md follows section <name
 
 
 def _stamp(path: Path, data: dict[str, Any]) -> str:
-    when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    when = data.get("date") or dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).strftime(
+        "%Y-%m-%d %H:%M UTC"
+    )  # the run's own date; a file's mtime only for results written before it was kept
     cpu = f"{data.get('machine', '?')}, {data.get('cpu_count', 2)} cores"
     return f"date {when}, python {data.get('python', '?')}, cpu {cpu}, device host (numpy)"
 
