@@ -123,6 +123,29 @@ def _wrap_blocking(fn: Callable[..., Any]) -> Callable[..., Any]:
     return timed
 
 
+def _begin_timing() -> tuple[int | None, Any]:
+    """What every probe does as it starts: mark the loop's thread, open its scheduler
+    statistics, settle and freeze the heap (collections are timed), and wrap the known
+    blocking calls. Returns the statistics descriptor and the wrapping to undo."""
+    _Clock.loop_thread = threading.get_ident()
+    fd = _open_schedstat()
+    gc.collect()
+    gc.freeze()
+    gc.callbacks.append(_gc_timer)
+    patches = _patched_blocking_calls()
+    patches.__enter__()
+    return fd, patches
+
+
+def _end_timing(fd: int | None, patches: Any) -> None:
+    """Undo :func:`_begin_timing`."""
+    patches.__exit__(None, None, None)
+    gc.callbacks.remove(_gc_timer)
+    _Clock.loop_thread = -1
+    if fd is not None:
+        os.close(fd)
+
+
 @contextmanager
 def _patched_blocking_calls() -> Iterator[None]:
     originals = [(owner, name, getattr(owner, name)) for owner, name in _BLOCKING]
@@ -151,13 +174,7 @@ class LoopLagProbe:
     def start(self) -> None:
         """Start timing the running loop's callbacks (call it on the loop thread)."""
         self._loop = asyncio.get_running_loop()
-        _Clock.loop_thread = threading.get_ident()
-        self.fd = _open_schedstat()
-        gc.collect()
-        gc.freeze()
-        gc.callbacks.append(_gc_timer)
-        self._patches = _patched_blocking_calls()
-        self._patches.__enter__()
+        self.fd, self._patches = _begin_timing()
         LoopLagProbe._active = self
         events.Handle._run = _timed_run  # type: ignore[method-assign]
 
@@ -166,12 +183,8 @@ class LoopLagProbe:
         await asyncio.sleep(0)
         events.Handle._run = _original_run  # type: ignore[method-assign,assignment]
         LoopLagProbe._active = None
-        self._patches.__exit__(None, None, None)
-        gc.callbacks.remove(_gc_timer)
-        _Clock.loop_thread = -1
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        _end_timing(self.fd, self._patches)
+        self.fd = None
         return self.worst
 
     def _record(self, handle: events.Handle, seconds: float) -> None:
@@ -236,13 +249,7 @@ class TrioLagProbe:
         """Start timing the run's task steps (call it from a trio task)."""
         import trio
 
-        _Clock.loop_thread = threading.get_ident()
-        self.fd = _open_schedstat()
-        gc.collect()
-        gc.freeze()
-        gc.callbacks.append(_gc_timer)
-        self._patches = _patched_blocking_calls()
-        self._patches.__enter__()
+        self.fd, self._patches = _begin_timing()
         trio.lowlevel.add_instrument(self)  # type: ignore[arg-type]  # (hooks by name)
 
     async def stop(self) -> float:
@@ -251,12 +258,8 @@ class TrioLagProbe:
 
         await trio.lowlevel.checkpoint()
         trio.lowlevel.remove_instrument(self)  # type: ignore[arg-type]
-        self._patches.__exit__(None, None, None)
-        gc.callbacks.remove(_gc_timer)
-        _Clock.loop_thread = -1
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        _end_timing(self.fd, self._patches)
+        self.fd = None
         return self.worst
 
     def before_task_step(self, task: Any) -> None:
