@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
 import numpy as np
@@ -85,7 +86,11 @@ async def test_cancelled_read_leaves_client_usable_and_leaks_nothing(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await host_client.read([slow]) == [bytes([7]) * 1024]
-    del slow
+    # The cancelled task keeps its CancelledError, whose traceback holds the reader's
+    # frame and so the handle: the caller's own reference, dropped here with the task.
+    del task, slow
+    gc.collect()
+    await host_client.sync()
     host_client.memory_cleanup()
     after = await host_client.memory_usage()
     assert after.bytes_in_use == baseline.bytes_in_use
