@@ -17,6 +17,14 @@ from typing import Any, Final
 import numpy as np
 
 from ..errors import InvalidArgument
+from ._twin_args import _need_driver, _refuse, _u32, _u64, state
+from ._twin_notify import (
+    host_func_entry,
+    libc_close_address,
+    notify_close,
+    notify_drain,
+    notify_spin,
+)
 from .driver import cu
 
 __all__ = [
@@ -27,7 +35,7 @@ __all__ = [
 
 _BIG: Final = 1 << 20
 _SPLIT: Final = 16 << 20
-_state: dict[str, Any] = {}
+_state = state
 _d: Any = None
 """``cuda.bindings.driver`` once :func:`open_driver` succeeded."""
 
@@ -45,8 +53,8 @@ def open_driver() -> None:
     res = d.cuGetProcAddress(b"cuLaunchHostFunc", version, flags)
     if res[0]:
         raise OSError(f"cuLaunchHostFunc not found: {res[0]!r}")
-    _state["host_func"] = _LaunchHostFunc(int(res[1]))
-    _state["close"] = _libc_close_address()
+    _state["host_func"] = host_func_entry(int(res[1]))
+    _state["close"] = libc_close_address()
     _state["attr"] = d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE
     _state["host"] = int(d.CUmemorytype.CU_MEMORYTYPE_HOST)
     global _d
@@ -56,41 +64,6 @@ def open_driver() -> None:
 def driver_open() -> bool:
     """True once :func:`open_driver` succeeded."""
     return bool(_state)
-
-
-def _need_driver() -> None:
-    if not _state:
-        raise RuntimeError("the CUDA driver is not open (call open_driver())")
-
-
-def _refuse(checks: Sequence[tuple[object, str, int]]) -> None:
-    """After a call failed with an exception: raise what the compiled module raises for
-    the same arguments (``InvalidArgument``, or "driver not open"); each check is
-    ``(value, what, bits)``, ``bits`` 0 for a handle (None allowed)."""
-    for value, what, bits in checks:
-        if bits == 0 and value is None:
-            continue
-        (_u32 if bits == 32 else _u64)(value, what)
-    _need_driver()
-
-
-def _u64(value: object, what: str) -> int:
-    if value is None or isinstance(value, float):
-        raise InvalidArgument(f"{what} must be an int or a driver handle, got {value!r}")
-    try:
-        out: int = int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"{what} must be an int or a driver handle, got {value!r}") from None
-    if not 0 <= out < 1 << 64:
-        raise InvalidArgument(f"{what} must be an int in [0, 2**64), got {value!r}")
-    return out
-
-
-def _u32(value: object, what: str) -> int:
-    out = _u64(value, what)
-    if out >= 1 << 32:
-        raise InvalidArgument(f"{what} must fit in 32 bits, got {value!r}")
-    return out
 
 
 class PackState:
@@ -291,48 +264,6 @@ def memcpy_async(to_device: bool, device: int, host: int, nbytes: int, stream: A
         _refuse([(device, "device address", 64), (host, "host address", 64),
                  (nbytes, "nbytes", 64), (stream, "stream", 0)])  # fmt: skip
         raise
-
-
-_LaunchHostFunc = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-
-
-def _libc_close_address() -> int:
-    try:  # the process's own namespace holds libc (no ldconfig subprocess)
-        libc = ctypes.CDLL(None)
-    except OSError:
-        libc = ctypes.CDLL("libc.so.6")
-    address = ctypes.cast(libc.close, ctypes.c_void_p).value
-    if not address:
-        raise OSError("libc close() not found")
-    return address
-
-
-def notify_close(stream: Any, fd: int) -> int:
-    """Make the driver's thread close ``fd`` once ``stream`` gets there: libc's
-    ``close`` as a host function, called through the C entry point (no Python, no GIL)."""
-    if stream is not None:
-        _u64(stream, "stream")
-    if _u32(fd, "fd") > 2**31 - 1:
-        raise InvalidArgument(f"fd out of range: {fd}")
-    _need_driver()
-    return int(_state["host_func"](int(stream), _state["close"], fd))
-
-
-def notify_spin(stream: Any, fd: int, spin_ns: int) -> int:
-    """As :func:`notify_close` (the compiled module closes ``fd`` from a spinning C thread
-    within ``spin_ns``, then from a host function; Python cannot spin off the GIL, so the
-    twin leaves it all to the host function: the same result, later)."""
-    _u64(spin_ns, "spin_ns")
-    return notify_close(stream, fd)
-
-
-def notify_drain(timeout: float) -> bool:
-    """True: the twin has no spinning thread holding events (see ``_native_notify.c``)."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise InvalidArgument(f"timeout must be a number of seconds, got {timeout!r}")
-    if not timeout >= 0:
-        raise InvalidArgument(f"timeout must be >= 0, got {timeout!r}")
-    return True
 
 
 def param_sizes(function: Any) -> tuple[Any, tuple[int, ...] | None] | None:
