@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..stream_id import StreamId
 from ..types import Binding, Handle
-from .driver import check, cu, set_current
+from .driver import check, cu, error_from, set_current
+from .hotpath import hot
 
 if TYPE_CHECKING:
     from .server import CudaServer
@@ -159,7 +160,7 @@ def import_copy(server: CudaServer, handle: Handle, source: Export, stream: Stre
     binding = handle.binding()
     resolved = server._streams.resolve(stream, [binding])
     d = cu()
-    check(d.cuStreamWaitEvent(resolved.stream, event, 0), "cuStreamWaitEvent(peer)")
+    _wait_event(resolved.stream, event, "cuStreamWaitEvent(peer)")
     dst = server._ptr(binding)
     res = d.cuMemcpyPeerAsync(dst, server.context.context, ptr, ctx, binding.size, resolved.stream)
     check(res, "cuMemcpyPeerAsync")
@@ -176,6 +177,13 @@ def finish(src: CudaServer, dst: CudaServer, source: Export, copied: Any, bindin
     the source stream passes that point; the events go back to their pools."""
     _, _, event, stream = source
     src._events.give(event)
-    check(cu().cuStreamWaitEvent(stream, copied, 0), "cuStreamWaitEvent(peer done)")
+    _wait_event(stream, copied, "cuStreamWaitEvent(peer done)")
     dst._events.give(copied)
     src._retirer.hold(stream, binding)
+
+
+def _wait_event(stream: Any, event: Any, what: str) -> None:
+    """``stream`` waits for ``event`` (through the hot path: no cuda.bindings wrapper)."""
+    err = hot.stream_wait_event(stream, event)
+    if err:
+        raise error_from(err, what)
