@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from .backend import AsyncioBackend, backend_of
+from .backend import backend_of
 from .completion import CompletionWatcher
 from .errors import AsyncCubeError, ClientClosedError, ClientDeadError, LoopMismatchError, Unknown
 from .held import HeldErrors, detach_frames
@@ -68,8 +68,7 @@ class Channel:
         self._stop = False
         self._batch_end_scheduled = False
         self._inline_deadline = 0.0
-        native = isinstance(self.backend, AsyncioBackend)
-        self.watcher = CompletionWatcher(loop, None if native else self.backend.checkpoint)
+        self.watcher = CompletionWatcher(loop, self.backend.checkpoint)
         self.guard: Callable[[str], None] | None = None
         """Set while a graph capture is open: called by ``check`` with the name of the
         client method calling it (see :mod:`.graph`)."""

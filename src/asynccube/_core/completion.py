@@ -39,12 +39,16 @@ class _Notifying(Protocol):
     def add_done_callback(self, fn: Callable[[], object]) -> None: ...
 
 
+def _sleep0() -> Awaitable[None]:
+    return asyncio.sleep(0)
+
+
 class CompletionWatcher:
     """Resolves completions on one event loop.
 
     Args:
         loop: The loop that owns the futures (asyncio's, or the trio adapter).
-        checkpoint: Yields to that loop once (None: ``asyncio.sleep(0)``, inline).
+        checkpoint: Yields to that loop once (the backend's; None: ``asyncio.sleep(0)``).
         spin_seconds: How long a completion is polled before a waiter thread takes it.
         sync_spin_seconds: How long a loop-thread completion is polled without yielding.
     """
@@ -57,7 +61,7 @@ class CompletionWatcher:
         sync_spin_seconds: float = 30e-6,
     ) -> None:
         self._loop = loop
-        self._checkpoint = checkpoint
+        self._checkpoint = _sleep0 if checkpoint is None else checkpoint
         self._spin = spin_seconds
         self._sync_spin = sync_spin_seconds
         self._polling: list[tuple[Completion[Any], Sink, float]] = []
@@ -98,10 +102,7 @@ class CompletionWatcher:
             checkpoint = self._checkpoint
             while self._polling:
                 self._round()
-                if checkpoint is None:
-                    await asyncio.sleep(0)
-                else:
-                    await checkpoint()
+                await checkpoint()
         finally:
             self._poller = None
 

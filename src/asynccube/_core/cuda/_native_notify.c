@@ -60,19 +60,33 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Finish an item whose event completed (or failed, or timed out into a host function). */
+/* Finish an item whose event completed (or failed, or timed out into a host function);
+ * its context is current on the calling (spinning) thread. */
 static void sp_retire(SpinItem *it, int hand_to_driver) {
-    cu.ctx_set(it->ctx);
     if (!hand_to_driver || cu.host_func(it->stream, close_fd, (void *)(intptr_t)it->fd))
         close(it->fd); /* done (or the driver refused: the loop's own poll sees why) */
     cu.event_destroy(it->event);
     free(it);
 }
 
+/* A short pause between polling rounds (a few µs at most): the loop thread's own driver
+ * calls take the driver's locks that each cuEventQuery takes too. */
+static void sp_relax(void) {
+    for (int i = 0; i < 32; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+#endif
+    }
+}
+
 static void *sp_main(void *unused) {
     SpinItem *mine = NULL;
+    CUh current = NULL; /* the context this thread made current; NULL: none known */
     for (;;) {
         pthread_mutex_lock(&sp_lock);
+        if (mine == NULL) current = NULL; /* idle: that context may be destroyed */
         while (mine == NULL && sp_incoming == NULL) pthread_cond_wait(&sp_wake, &sp_lock);
         while (sp_incoming != NULL) {
             SpinItem *it = sp_incoming;
@@ -83,7 +97,6 @@ static void *sp_main(void *unused) {
         pthread_mutex_unlock(&sp_lock);
         double now = now_s();
         long finished = 0;
-        CUh current = NULL;
         for (SpinItem **at = &mine; *at != NULL;) {
             SpinItem *it = *at;
             if (it->ctx != current) {
@@ -97,9 +110,9 @@ static void *sp_main(void *unused) {
             }
             *at = it->next;
             sp_retire(it, r == CUDA_ERROR_NOT_READY);
-            current = NULL;
             finished++;
         }
+        if (mine != NULL && !finished) sp_relax();
         if (finished) {
             pthread_mutex_lock(&sp_lock);
             sp_in_flight -= finished;
