@@ -19,9 +19,9 @@ NATIVE = Extension(
     "asynccube._core.cuda._native",
     sources=[
         f"src/asynccube/_core/cuda/_native{part}.c"
-        for part in ("", "_launch", "_copies", "_notify")
+        for part in ("", "_launch", "_copies", "_notify", "_fast", "_plan")
     ],
-    depends=["src/asynccube/_core/cuda/_native.h"],
+    depends=["src/asynccube/_core/cuda/_native.h", "src/asynccube/_core/cuda/_native_fast.h"],
     extra_compile_args=["-O2", "-std=c11", "-Wall", "-fvisibility=hidden"],
     libraries=["dl", "pthread"],
     optional=True,

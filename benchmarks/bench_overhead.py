@@ -11,7 +11,9 @@ call returns success at once:
 * ``cuda.bindings.driver`` (used off the hot path: streams, events, pools) is replaced by
   a Python object with no-op calls and real pinned-looking host memory (``ctypes``).
 
-NVRTC is real (kernels are compiled as usual). What is left is asynccube's own work per
+A launch with a grid of 777 blocks fails with ``CUDA_ERROR_INVALID_VALUE`` (the tests of
+``tests/test_fast_launch.py`` hold that error). NVRTC is real (kernels are compiled as
+usual). What is left is asynccube's own work per
 command: the figures are what the GPU figures would be with a free driver. Run::
 
     PYTHONPATH=src python benchmarks/bench_overhead.py [--profile execute|read|sync|empty]
@@ -40,7 +42,7 @@ FAKE_LIBCUDA = r"""
 typedef unsigned long long u64;
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     unsigned by, unsigned bz, unsigned smem, void *s, void **params, void **extra)
-    { return 0; }
+    { return gx == 777u ? 1 : 0; } /* a grid of 777 fails: CUDA_ERROR_INVALID_VALUE */
 int cuEventRecord(void *e, void *s) { return 0; }
 int cuEventQuery(void *e) { return 0; }
 int cuStreamWaitEvent(void *s, void *e, unsigned flags) { return 0; }
@@ -49,7 +51,7 @@ int cuMemcpyDtoHAsync_v2(void *h, u64 d, unsigned long n, void *s) { return 0; }
 int cuLaunchHostFunc(void *s, void (*fn)(void *), void *data) { fn(data); return 0; }
 int cuEventCreate(void **e, unsigned flags) { static char ev; *e = &ev; return 0; }
 int cuEventDestroy_v2(void *e) { return 0; }
-int cuCtxGetCurrent(void **c) { static char ctx; *c = &ctx; return 0; }
+int cuCtxGetCurrent(void **c) { *c = (void *)1; return 0; } /* DeviceContext(0, 1, 1) */
 int cuCtxSetCurrent(void *c) { return 0; }
 int cuPointerGetAttributes(unsigned n, int *attrs, void **data, u64 ptr) {
     for (unsigned i = 0; i < n; ++i) *(unsigned *)data[i] = 0; /* not pinned */
@@ -111,6 +113,12 @@ class FakeDriver:
 
     def cuFuncGetAttribute(self, attr: Any, fn: Any) -> tuple[int, int]:
         return 0, 1024
+
+    def cuLaunchKernel(self, fn: Any, gx: int, *args: Any) -> tuple[int]:
+        return (1 if gx == 777 else 0,)  # as the C fake: a grid of 777 fails
+
+    def cuCtxGetCurrent(self) -> tuple[int, int]:
+        return 0, 1  # DeviceContext(0, 1, 1)'s context, as the C fake says
 
     def cuDriverGetVersion(self) -> tuple[int, int]:
         return 0, 13000

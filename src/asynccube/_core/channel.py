@@ -2,7 +2,9 @@
 
 An idle actor with nothing queued lets the caller run its command at once (same thread,
 same order; the server's batch ends with the loop iteration; past 1 ms of such work in
-one iteration commands go to the actor). Otherwise commands wait in a deque for the
+one iteration commands go to the actor; a launch a server's ``FastLaunch`` takes on the
+same conditions, ``cuda/fast.py``, does not spend that budget). Otherwise commands wait
+in a deque for the
 actor, which runs them in batches, yielding every millisecond of work. A
 fire-and-forget command's error is held for its stream and raised by the next awaited
 command there. Awaited commands resolve a future through the completion watcher, on
@@ -47,6 +49,27 @@ class State(enum.Enum):
 
 class Channel:
     """Links a client to its server through one actor task on ``loop`` (see above)."""
+
+    __slots__ = (
+        "_activate",
+        "_actor",
+        "_batch_end_scheduled",
+        "_cancelled",
+        "_death",
+        "_held",
+        "_inline_deadline",
+        "_pending",
+        "_prune_at",
+        "_queue",
+        "_stop",
+        "_wakeup",
+        "backend",
+        "guard",
+        "loop",
+        "server",
+        "state",
+        "watcher",
+    )  # fmt: skip (slots: the hot path's FastLaunch reads several per launch)
 
     def __init__(self, server: ComputeServer, loop: asyncio.AbstractEventLoop) -> None:
         self.server = server

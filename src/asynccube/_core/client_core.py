@@ -7,8 +7,11 @@ actor: it prepares (compiles) in a worker thread if needed, then fires the serve
 
 The routes of the main commands on CUDA, hop by hop (a hop in brackets is the carrier
 that takes the command on: the channel, or the hot path, whose compiled module does what
-its pure-Python twin ``cuda._twin`` does; ``tests/test_routes.py`` checks each name)::
+its pure-Python twin ``cuda._twin`` does; ``tests/test_routes.py`` checks each name).
+A launch takes the first route when the server's ``FastLaunch`` takes it (``cuda.fast``
+says when: the common launch), else the second::
 
+    route: client_core.ClientCore.execute -> [cuda._twin.FastLaunch] -> driver:cuLaunchKernel
     route: client_core.ClientCore.execute -> [channel.Channel.send]
         -> client_core.ClientCore._execute -> [channel.Channel.fire]
         -> cuda.launch.LaunchOps.execute -> [cuda._twin.launch] -> driver:cuLaunchKernel
@@ -93,6 +96,12 @@ class ClientCore:
         self._staging: dict[int, weakref.ref[npt.NDArray[np.uint8]]] = {}
         self._jobs = JobThread(loop)
         self._graph_registry: Any = None  # graph.py's registry, once a capture ran
+        # Optional: a server's one-call launch route (CUDA: cuda/fast.py), offered each
+        # launch first; it declines (False) whatever it does not take, before any change.
+        fast = getattr(server, "fast_launcher", None)
+        self._fast: Callable[[Kernel, CubeCount, Bindings, ExecutionMode], bool] | None = (
+            fast(self._channel) if fast is not None else None
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device!r}, state={self._channel.state.value})"
@@ -316,6 +325,9 @@ class ClientCore:
         mode: ExecutionMode = ExecutionMode.CHECKED,
     ) -> None:
         """Queue ``kernel`` over ``bindings`` with ``count`` cubes (fire-and-forget)."""
+        fast = self._fast  # the server's FastLaunch (CUDA: cuda/fast.py), or None
+        if fast is not None and fast(kernel, count, bindings, mode):
+            return  # taken in one call; else the Python route below
         channel = self._channel
         if (
             channel.state is not State.OPEN

@@ -175,12 +175,20 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (errors == NULL) return NULL;
     InvalidArgument = PyObject_GetAttrString(errors, "InvalidArgument");
     Py_DECREF(errors);
-    if (InvalidArgument == NULL || PyType_Ready(&PackStateType) < 0) return NULL;
+    if (InvalidArgument == NULL || PyType_Ready(&PackStateType) < 0 ||
+        PyType_Ready(&FastLaunchType) < 0 || fast_init_names() < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&PackStateType);
     if (PyModule_AddObject(m, "PackState", (PyObject *)&PackStateType) < 0) {
         Py_DECREF(&PackStateType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&FastLaunchType);
+    if (PyModule_AddObject(m, "FastLaunch", (PyObject *)&FastLaunchType) < 0) {
+        Py_DECREF(&FastLaunchType);
         Py_DECREF(m);
         return NULL;
     }

@@ -46,7 +46,25 @@ extern CuDriver cu; /* the driver's entry points, filled by open_driver() */
 
 
 extern PyObject *InvalidArgument; /* asynccube._core.errors.InvalidArgument */
+/* The argument block of one kernel signature (built once per ArgPack): the storage
+ * every argument lives in, the void* array the driver reads, and where the pointer,
+ * scalar, metadata and tensor-map values go. Checked once here; launch() only copies. */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer storage;
+    Py_buffer params;
+    Py_ssize_t ptr_offset, n_ptrs;
+    Py_ssize_t n_scalars, *scalar_off, *scalar_cap;
+    Py_ssize_t meta_off, meta_size; /* meta_off < 0: no metadata */
+    Py_ssize_t n_maps, *map_off;
+} PackState;
+
 extern PyTypeObject PackStateType;
+
+/* Copy the bytes of `src` (a buffer) into the pack's slot [off, off + cap) (exact: the
+ * sizes must match); raises InvalidArgument naming `what`. */
+int pack_put(PackState *s, PyObject *src, Py_ssize_t off, Py_ssize_t cap, const char *what,
+             int exact);
 
 /* Argument checks shared by every part (_native.c): each sets InvalidArgument (or
  * TypeError for a wrong argument count) and returns NULL / -1. */
@@ -71,5 +89,7 @@ PyObject *copy_into(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *notify_close(PyObject *self, PyObject *const *a, Py_ssize_t n);    /* _native_notify.c */
 PyObject *notify_spin(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *notify_drain(PyObject *self, PyObject *timeout);
+extern PyTypeObject FastLaunchType;                                          /* _native_fast.c */
+int fast_init_names(void);
 
 #endif

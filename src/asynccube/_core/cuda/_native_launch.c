@@ -3,18 +3,7 @@
 
 /* ---------------------------------------------------------------- PackState */
 
-/* The argument block of one kernel signature (built once per ArgPack): the storage
- * every argument lives in, the void* array the driver reads, and where the pointer,
- * scalar, metadata and tensor-map values go. Checked once here; launch() only copies. */
-typedef struct {
-    PyObject_HEAD
-    Py_buffer storage;
-    Py_buffer params;
-    Py_ssize_t ptr_offset, n_ptrs;
-    Py_ssize_t n_scalars, *scalar_off, *scalar_cap;
-    Py_ssize_t meta_off, meta_size; /* meta_off < 0: no metadata */
-    Py_ssize_t n_maps, *map_off;
-} PackState;
+/* PackState (declared in _native.h): the argument block of one kernel signature. */
 
 static void pack_dealloc(PackState *s) {
     if (s->storage.obj != NULL) PyBuffer_Release(&s->storage);
@@ -133,7 +122,7 @@ PyTypeObject PackStateType = {
 };
 
 /* Copy the bytes of `src` (a buffer) into the slot [off, off + cap). */
-static int put(PackState *s, PyObject *src, Py_ssize_t off, Py_ssize_t cap, const char *what,
+int pack_put(PackState *s, PyObject *src, Py_ssize_t off, Py_ssize_t cap, const char *what,
                int exact) {
     Py_buffer b;
     if (PyObject_GetBuffer(src, &b, PyBUF_SIMPLE) < 0) {
@@ -163,7 +152,7 @@ static int fill_group(PackState *s, PyObject *items, Py_ssize_t n, Py_ssize_t *o
         rc = -1;
     }
     for (Py_ssize_t i = 0; rc == 0 && i < n; i++)
-        rc = put(s, PySequence_Fast_GET_ITEM(fast, i), off[i], cap ? cap[i] : 128, what,
+        rc = pack_put(s, PySequence_Fast_GET_ITEM(fast, i), off[i], cap ? cap[i] : 128, what,
                  cap == NULL);
     Py_DECREF(fast);
     return rc;
@@ -212,7 +201,7 @@ PyObject *launch(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         return NULL;
     if (a[12] != Py_None) {
         if (s->meta_off < 0) return bad("metadata given, but the signature has none");
-        if (put(s, a[12], s->meta_off, s->meta_size, "metadata", 1) < 0) return NULL;
+        if (pack_put(s, a[12], s->meta_off, s->meta_size, "metadata", 1) < 0) return NULL;
     }
     if (a[13] != Py_None && fill_group(s, a[13], s->n_maps, s->map_off, NULL, "tensor maps") < 0)
         return NULL;

@@ -31,6 +31,7 @@ class HotPath(Protocol):
     """What both variants provide (see ``_native.h`` and its parts for each function's contract)."""
 
     PackState: Any
+    FastLaunch: Any
 
     def open_driver(self) -> None: ...
     def driver_open(self) -> bool: ...

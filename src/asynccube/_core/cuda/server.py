@@ -51,6 +51,7 @@ from .abi import ArgPacker
 from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier
 from .driver import DeviceContext, check, cu, device_properties, set_current
+from .fast import fast_launch
 from .hotpath import hot
 from .interop import InteropOps
 from .launch import WARM_KERNEL, LaunchOps
@@ -146,6 +147,11 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps):
         """Make the device's context current on the calling thread if another one is
         (the channel calls it before each command: several clients share one loop)."""
         set_current(self._ctx.context)
+
+    def fast_launcher(self, channel: Any) -> Any:
+        """The ``FastLaunch`` that takes a client's common launches in one call
+        (:mod:`.fast`); ``ClientCore.execute`` offers it each launch first."""
+        return fast_launch(self, channel)
 
     def warm(self) -> None:
         """Pay one-off costs now, off the loop: the device pool's first page, pinned

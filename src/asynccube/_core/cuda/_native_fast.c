@@ -1,0 +1,270 @@
+/* asynccube._core.cuda._native: FastLaunch, a launch's whole route in one call (see
+ * fast.py for the contract and _twin_fast.py for the pure-Python twin).
+ *
+ * FastLaunch(channel, loop, ...)(kernel, count, bindings, mode) -> bool runs what
+ * ClientCore.execute -> Channel.send (inline) -> LaunchOps.execute would run for the
+ * common launch: an open channel called on its loop with no capture, an idle actor
+ * with nothing queued, the task's own stream, the device's context current, no
+ * recorder, a loaded kernel with a static count and no tensor maps, every buffer's
+ * address known, a signature already checked (and under CHECKED the grid too), and
+ * every buffer last used on this stream's slot. Anything else returns False before any
+ * state changes, and the caller takes the Python route, which handles (and raises) the
+ * rest. After the bookkeeping (cursor, last-use stamps) an error is held for the stream
+ * through channel.hold, as the Python route's _execute does. */
+#include <stddef.h>
+
+#include "_native_fast.h"
+
+static const char *name_text[N_COUNT] = {
+    "state", "guard", "_wakeup", "_queue", "_stop", "_batch_end_scheduled",
+    "_inline_deadline", "id", "binding", "x", "y", "z", "buffers", "tensor_maps", "scalars",
+    "metadata", "data", "size", "memory", "queue", "offset_start", "offset_end",
+    "buffer_size", "stream", "value", "function", "shape", "checked", "grid_ok", "cursor",
+    "enabled", "ty", "num", "length", "context"};
+PyObject *attr_names[N_COUNT];
+
+int fast_init_names(void) {
+    for (int i = 0; i < N_COUNT; i++)
+        if ((attr_names[i] = PyUnicode_InternFromString(name_text[i])) == NULL) return -1;
+    return 0;
+}
+
+static int fast_traverse(FastLaunch *f, visitproc visit, void *arg) {
+    for (int i = 0; i < N_OBJ; i++) Py_VISIT(f->obj[i]);
+    Py_VISIT(f->fn_obj);
+    Py_VISIT(f->st_obj);
+    Py_VISIT(f->pk_pack);
+    Py_VISIT(f->sh_obj);
+    Py_VISIT(f->go_obj);
+    Py_VISIT(f->ms_obj);
+    return 0;
+}
+
+static int fast_clear(FastLaunch *f) {
+    for (int i = 0; i < N_OBJ; i++) Py_CLEAR(f->obj[i]);
+    Py_CLEAR(f->fn_obj);
+    Py_CLEAR(f->st_obj);
+    Py_CLEAR(f->pk_pack);
+    Py_CLEAR(f->sh_obj);
+    Py_CLEAR(f->go_obj);
+    Py_CLEAR(f->ms_obj);
+    return 0;
+}
+
+static void fast_dealloc(FastLaunch *f) {
+    PyObject_GC_UnTrack(f);
+    fast_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyObject *fast_vectorcall(PyObject *self, PyObject *const *a, size_t nargsf,
+                                 PyObject *kw);
+
+static PyObject *fast_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    if (kw != NULL && PyDict_GET_SIZE(kw)) return bad("FastLaunch takes no keyword arguments");
+    if (PyTuple_GET_SIZE(args) != N_OBJ + 1)
+        return bad("FastLaunch takes %d arguments, got %zd", N_OBJ + 1, PyTuple_GET_SIZE(args));
+    FastLaunch *f = (FastLaunch *)type->tp_alloc(type, 0);
+    if (f == NULL) return NULL;
+    for (int i = 0; i < N_OBJ; i++) f->obj[i] = Py_NewRef(PyTuple_GET_ITEM(args, i));
+    unsigned long long streams;
+    if (as_u64(PyTuple_GET_ITEM(args, N_OBJ), "max_streams", &streams) < 0) goto fail;
+    if (streams == 0 || streams > 1 << 20) {
+        bad("max_streams must be in [1, 2**20], got %llu", streams);
+        goto fail;
+    }
+    f->max_streams = (long)streams;
+    f->vectorcall = fast_vectorcall;
+    if (!PyDict_Check(f->kernels) || !PyDict_Check(f->addresses) || !PyDict_Check(f->packs) ||
+        !PyDict_Check(f->last_use) || !PyList_Check(f->slots) ||
+        !PyContextVar_CheckExact(f->pinned) || !PyContextVar_CheckExact(f->owned)) {
+        bad("FastLaunch needs dicts, a list of stream slots and two ContextVars");
+        goto fail;
+    }
+    return (PyObject *)f;
+fail:
+    Py_DECREF(f);
+    return NULL;
+}
+
+static int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o) {
+    if (o == *obj) return 0;
+    unsigned long long v;
+    if (as_handle(o, "a driver handle", &v) < 0) return -1;
+    Py_XSETREF(*obj, Py_NewRef(o));
+    *val = v;
+    return 0;
+}
+
+static int set_float(PyObject *o, int name, double value) {
+    PyObject *v = PyFloat_FromDouble(value);
+    int rc = v == NULL ? -1 : PyObject_SetAttr(o, attr_names[name], v);
+    Py_XDECREF(v);
+    return rc;
+}
+
+/* Hold the raised exception for the stream, as Channel.hold does for _execute. */
+static int hold_raised(FastLaunch *f, PyObject *sid) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL) PyException_SetTraceback(value, tb);
+    PyObject *res = value == NULL ? NULL : PyObject_CallFunctionObjArgs(f->hold, sid, value, NULL);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    Py_XDECREF(res);
+    return res == NULL ? -1 : 0;
+}
+
+/* Advance the stream's cursor and stamp every buffer as last used there. */
+static int commit(FastLaunch *f, Plan *p) {
+    PyObject *cursor = PyObject_GetAttr(p->wrapper, attr_names[N_CURSOR]);
+    if (cursor == NULL) return -1;
+    long value;
+    int bad_cursor = as_long(cursor, &value);
+    Py_DECREF(cursor);
+    PyObject *next = bad_cursor < 0 ? NULL : PyLong_FromLong(value + 1);
+    if (next == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a stream cursor must be an int");
+        return -1;
+    }
+    PyObject *stamp = PyTuple_Pack(2, p->sid, next);
+    int rc = stamp == NULL ? -1 : PyObject_SetAttr(p->wrapper, attr_names[N_CURSOR], next);
+    for (Py_ssize_t i = 0; rc == 0 && i < p->n; i++)
+        rc = PyDict_SetItem(f->last_use, p->mids[i], stamp);
+    Py_DECREF(next);
+    Py_XDECREF(stamp);
+    return rc;
+}
+
+static int fill(PackState *s, Plan *p) {
+    if (p->n != s->n_ptrs) {
+        bad("%zd buffer pointers given; the signature has %zd", p->n, s->n_ptrs);
+        return -1;
+    }
+    memcpy((char *)s->storage.buf + s->ptr_offset, p->ptrs, 8 * (size_t)p->n);
+    if ((p->scalar_data != NULL) != (s->n_scalars != 0)) {
+        bad("%d scalar groups given; the signature has %zd", p->scalar_data != NULL,
+            s->n_scalars);
+        return -1;
+    }
+    if (p->scalar_data != NULL &&
+        pack_put(s, p->scalar_data, s->scalar_off[0], s->scalar_cap[0], "scalar groups", 0) < 0)
+        return -1;
+    if (p->meta_size == 0) return 0;
+    if (s->meta_off < 0) {
+        bad("metadata given, but the signature has none");
+        return -1;
+    }
+    return pack_put(s, p->meta, s->meta_off, s->meta_size, "metadata", 1);
+}
+
+static int run(FastLaunch *f, Plan *p) {
+    if (!(p->grid[0] && p->grid[1] && p->grid[2])) return 0;
+    if (fill(p->pack, p) < 0 || cached_handle(&f->fn_obj, &f->fn_val, p->function) < 0 ||
+        cached_handle(&f->st_obj, &f->st_val, p->stream) < 0)
+        return hold_raised(f, p->sid);
+    CUresult err = cu.launch((CUh)(uintptr_t)f->fn_val, p->grid[0], p->grid[1], p->grid[2],
+                             p->shape[0], p->shape[1], p->shape[2], p->shape[3],
+                             (CUh)(uintptr_t)f->st_val, (void **)p->pack->params.buf, NULL);
+    if (err == 0) return 0;
+    PyObject *what = PyUnicode_FromFormat("cuLaunchKernel(%S)", p->kernel_id);
+    PyObject *exc = what == NULL ? NULL : PyObject_CallFunction(f->error_from, "iO", err, what);
+    Py_XDECREF(what);
+    if (exc == NULL) return -1;
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+    return hold_raised(f, p->sid);
+}
+
+/* The end of Channel._run_inline: end the batch with the loop iteration; wake a
+ * stopping actor. A launch taken here does not spend the channel's inline budget (the
+ * 1 ms of Python-route commands run inline per loop iteration): its time is added to
+ * the deadline, in one write once the deadline is near. */
+static int after(FastLaunch *f, Refs *r, Plan *p, double t0) {
+    double now = now_s();
+    if (!p->scheduled) {
+        f->credit = 0.0;
+        if (set_float(f->channel, N_DEADLINE, now + 0.001) < 0 ||
+            PyObject_SetAttr(f->channel, attr_names[N_SCHEDULED], Py_True) < 0)
+            return -1;
+        PyObject *res = PyObject_CallOneArg(f->call_soon, f->end_batch);
+        if (res == NULL) return -1;
+        Py_DECREF(res);
+    } else {
+        f->credit += now - t0;
+        PyObject *d = get(r, f->channel, N_DEADLINE);
+        if (d == NULL) return -1;
+        double deadline = PyFloat_Check(d) ? PyFloat_AS_DOUBLE(d) : 0.0;
+        if (now + 0.0002 >= deadline) {
+            if (set_float(f->channel, N_DEADLINE, deadline + f->credit) < 0) return -1;
+            f->credit = 0.0;
+        }
+    }
+    PyObject *stop = get(r, f->channel, N_STOP);
+    if (stop == NULL) return -1;
+    int stopping = PyObject_IsTrue(stop);
+    if (stopping > 0) {
+        PyObject *res = PyObject_CallNoArgs(f->wake);
+        Py_XDECREF(res);
+        return res == NULL ? -1 : 0;
+    }
+    return stopping;
+}
+
+/* fast(kernel, count, bindings, mode) -> True (launched, or its error held) or False. */
+static PyObject *fast_call(FastLaunch *f, PyObject *const *a, size_t nargsf, PyObject *kw) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (kw != NULL || nargs_ok(n, 4, "FastLaunch") < 0) {
+        if (kw != NULL) PyErr_SetString(PyExc_TypeError, "FastLaunch takes no keywords");
+        return NULL;
+    }
+    Refs r;
+    r.n = 0; /* (not = {0}: that would clear every slot, a few hundred words, per call) */
+    Plan p;
+    memset(&p, 0, offsetof(Plan, mids)); /* the arrays are filled up to p.n */
+    double t0 = now_s();
+    int ok = plan(f, &r, &p, a);
+    PyObject *result = NULL;
+    if (!ok) {
+        PyErr_Clear(); /* the Python route meets (and raises) whatever stopped this one */
+        f->declined++;
+        result = Py_NewRef(Py_False);
+    } else if (commit(f, &p) == 0 && run(f, &p) == 0 && after(f, &r, &p, t0) == 0) {
+        f->hits++;
+        result = Py_NewRef(Py_True);
+    }
+    for (int i = 0; i < r.n; i++) Py_DECREF(r.ref[i]);
+    return result;
+}
+
+static PyObject *fast_vectorcall(PyObject *self, PyObject *const *a, size_t nargsf,
+                                 PyObject *kw) {
+    return fast_call((FastLaunch *)self, a, nargsf, kw);
+}
+
+
+static PyObject *fast_stats(PyObject *self, void *unused) {
+    FastLaunch *f = (FastLaunch *)self;
+    return Py_BuildValue("(KK)", f->hits, f->declined);
+}
+
+static PyGetSetDef fast_getset[] = {
+    {"stats", fast_stats, NULL, "(launches taken, launches left to the Python route)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject FastLaunchType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "asynccube._core.cuda._native.FastLaunch",
+    .tp_basicsize = sizeof(FastLaunch),
+    .tp_dealloc = (destructor)fast_dealloc,
+    .tp_vectorcall_offset = offsetof(FastLaunch, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)fast_traverse,
+    .tp_clear = (inquiry)fast_clear,
+    .tp_doc = "FastLaunch(...)(kernel, count, bindings, mode) -> bool (see fast.py)",
+    .tp_new = fast_new,
+    .tp_getset = fast_getset,
+};

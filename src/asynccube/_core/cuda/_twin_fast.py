@@ -1,0 +1,278 @@
+"""The pure-Python twin of ``_native_fast.c``'s ``FastLaunch`` (see :mod:`.fast`).
+
+The same steps in the same order: everything a launch needs is found first, and any
+surprise returns False before a state changes (the caller then takes the Python
+route); then the stream's cursor and the buffers' last-use stamps move, the argument
+block is filled and the kernel launched, an error being held for the stream.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ._twin_args import _need_driver
+from ._twin_launch import launch
+
+__all__ = ["FastLaunch"]
+
+_MAX_BUFFERS = 32
+
+
+class _Plan:
+    __slots__ = ("function", "grid", "meta", "mids", "pack", "ptrs", "scalar", "scheduled",
+                 "shape", "sid", "stream", "wrapper")  # fmt: skip
+
+    function: Any
+    grid: tuple[int, int, int]
+    meta: Any
+    mids: list[Any]
+    pack: Any
+    ptrs: list[int]
+    scalar: Any
+    scheduled: bool
+    shape: tuple[int, int, int, int]
+    sid: Any
+    stream: Any
+    wrapper: Any
+
+
+class FastLaunch:
+    """``FastLaunch(...)(kernel, count, bindings, mode) -> bool`` (see :mod:`.fast`)."""
+
+    __slots__ = (
+        "_declined",
+        "_hits",
+        "addresses",
+        "bindings_t",
+        "call_soon",
+        "channel",
+        "checked",
+        "context",
+        "count_t",
+        "credit",
+        "current_sid",
+        "end_batch",
+        "error_from",
+        "get_index",
+        "get_loop",
+        "hold",
+        "kernel_t",
+        "kernels",
+        "last_use",
+        "loop",
+        "max_streams",
+        "mode_t",
+        "on_loop",
+        "open_state",
+        "owned",
+        "packs",
+        "pinned",
+        "recorder",
+        "slots",
+        "table",
+        "task_arg",
+        "task_fn",
+        "tls",
+        "wake",
+    )  # fmt: skip
+
+    def __init__(self, *args: Any) -> None:
+        from ..errors import InvalidArgument
+
+        if len(args) != 31:
+            raise InvalidArgument(f"FastLaunch takes 31 arguments, got {len(args)}")
+        (self.channel, self.loop, self.open_state, self.get_loop, self.on_loop, self.task_fn,
+         self.task_arg, self.pinned, self.owned, self.kernel_t, self.count_t, self.bindings_t,
+         self.mode_t, self.checked, self.kernels, self.addresses, self.table, self.packs,
+         self.last_use, self.slots, self.recorder, self.hold, self.error_from, self.end_batch,
+         self.call_soon, self.wake, self.tls, self.context, self.current_sid, self.get_index,
+         max_streams) = args  # fmt: skip
+        if not isinstance(max_streams, int) or not 1 <= max_streams <= 1 << 20:
+            raise InvalidArgument(f"max_streams must be in [1, 2**20], got {max_streams!r}")
+        self.max_streams = max_streams
+        self._hits = self._declined = 0
+        self.credit = 0.0
+
+    @property
+    def stats(self) -> tuple[int, int]:
+        """(launches taken, launches left to the Python route)."""
+        return self._hits, self._declined
+
+    def __call__(self, kernel: Any, count: Any, bindings: Any, mode: Any) -> bool:
+        t0 = time.perf_counter()
+        try:
+            p = self._plan(kernel, count, bindings, mode)
+        except Exception:  # the Python route meets (and raises) whatever stopped this one
+            p = None
+        if p is None:
+            self._declined += 1
+            return False
+        self._commit(p)
+        self._run(p, kernel)
+        self._after(p, t0)
+        self._hits += 1
+        return True
+
+    def _plan(self, kernel: Any, count: Any, bindings: Any, mode: Any) -> _Plan | None:
+        if (
+            type(kernel) is not self.kernel_t
+            or type(count) is not self.count_t
+            or type(bindings) is not self.bindings_t
+            or type(mode) is not self.mode_t
+        ):
+            return None
+        p = _Plan()
+        if not self._channel_ready(p) or not self._stream_of(p):
+            return None
+        if count.binding is not None or len(bindings.tensor_maps) != 0:
+            return None
+        loaded = self.kernels.get(kernel.id)
+        if loaded is None or not self._pointers_of(p, bindings.buffers):
+            return None
+        if not self._pack_of(p, loaded, bindings):
+            return None
+        p.grid = (count.x, count.y, count.z)
+        if mode is self.checked and loaded.grid_ok != p.grid:
+            return None
+        p.shape = loaded.shape
+        p.function = loaded.function
+        if not self._own_slot(p, bindings.buffers):
+            return None
+        p.stream = p.wrapper.stream
+        return p
+
+    def _channel_ready(self, p: _Plan) -> bool:
+        c = self.channel
+        if c.state is not self.open_state or c.guard is not None:
+            return False
+        if self.get_loop() is not self.loop and (
+            self.on_loop is None or self.on_loop() is not True
+        ):
+            return False
+        if c._wakeup is None or len(c._queue) != 0 or c._stop is not False:
+            return False
+        p.scheduled = c._batch_end_scheduled is True  # no 1 ms budget here (fast.py)
+        if self.recorder.enabled is not False or not _need_driver_open():
+            return False
+        # as driver.set_current last made it on this thread (the route's activate())
+        return getattr(self.tls, "context", None) is self.context
+
+    def _stream_of(self, p: _Plan) -> bool:
+        pinned = self.pinned.get()
+        if pinned is not None:
+            p.sid = pinned
+            return True
+        owned = self.owned.get()
+        if owned is None:
+            p.sid = self.current_sid()
+            return True
+        task = self.task_fn() if self.task_arg is None else self.task_fn(self.task_arg)
+        owner = owned[0]
+        if task is None or isinstance(owner, int):
+            return False
+        # a task's first command: StreamId.current() mints its stream, as the route would
+        p.sid = owned[1] if owner() is task else self.current_sid()
+        return True
+
+    def _pointers_of(self, p: _Plan, buffers: Any) -> bool:
+        queue = self.table.queue
+        if type(buffers) is not list or len(buffers) > _MAX_BUFFERS:  # as the C module
+            return False
+        p.mids, p.ptrs = [], []
+        addresses = self.addresses
+        for b in buffers:
+            token = b.memory
+            mid = token.id
+            entry = addresses.get(mid)
+            start = b.offset_start or 0
+            if (
+                entry is None
+                or token.queue is not queue
+                or not 0 <= start <= b.buffer_size - (b.offset_end or 0) <= entry[1]
+            ):
+                return False
+            p.mids.append(mid)
+            p.ptrs.append(entry[0] + start)
+        return True
+
+    def _pack_of(self, p: _Plan, loaded: Any, bindings: Any) -> bool:
+        scalars = bindings.scalars
+        if type(scalars) is not dict or len(scalars) > 1:
+            return False
+        p.meta = bindings.metadata.data
+        if scalars:
+            (sb,) = scalars.values()
+            skey: tuple[Any, ...] = ((sb.ty.num, sb.length),)
+            p.scalar = sb.data
+        else:
+            skey, p.scalar = (), None
+        pack = self.packs.get((len(p.ptrs), 0, skey, p.meta.size))
+        if pack is None or pack not in loaded.checked:
+            return False
+        p.pack = pack.state
+        return True
+
+    def _own_slot(self, p: _Plan, buffers: list[Any]) -> bool:
+        m = self.max_streams
+        own = p.sid.value % m
+        last_use = self.last_use
+        for mid, b in zip(p.mids, buffers, strict=True):
+            origin = last_use.get(mid)
+            if (b.stream if origin is None else origin[0]).value % m != own:
+                return False
+        p.wrapper = self.slots[own]
+        if p.wrapper is None:  # the stream's first operation: created as resolve would
+            p.wrapper = self.get_index(own)
+        return p.wrapper is not None
+
+    def _commit(self, p: _Plan) -> None:
+        cursor = p.wrapper.cursor = p.wrapper.cursor + 1
+        stamp = (p.sid, cursor)
+        last_use = self.last_use
+        for mid in p.mids:
+            last_use[mid] = stamp
+
+    def _run(self, p: _Plan, kernel: Any) -> None:
+        gx, gy, gz = p.grid
+        if not (gx and gy and gz):
+            return
+        try:
+            meta = p.meta if p.meta.size else None
+            scalars = None if p.scalar is None else [p.scalar]
+            if p.pack.scalars and scalars is None:
+                scalars = []  # fill() then names the missing group
+            bx, by, bz, smem = p.shape
+            err = launch(
+                p.pack, p.function, gx, gy, gz, bx, by, bz, smem, p.stream, p.ptrs, scalars,
+                meta, None,
+            )  # fmt: skip
+            if err:
+                raise self.error_from(err, f"cuLaunchKernel({kernel.id})")
+        except Exception as exc:
+            self.hold(p.sid, exc)
+
+    def _after(self, p: _Plan, t0: float) -> None:
+        c = self.channel
+        now = time.perf_counter()
+        if not p.scheduled:
+            self.credit = 0.0
+            c._inline_deadline = now + 0.001
+            c._batch_end_scheduled = True
+            self.call_soon(self.end_batch)
+        else:  # a launch taken here does not spend the route's inline budget
+            self.credit += now - t0
+            deadline = c._inline_deadline
+            if now + 0.0002 >= deadline:
+                c._inline_deadline = deadline + self.credit
+                self.credit = 0.0
+        if c._stop:
+            self.wake()
+
+
+def _need_driver_open() -> bool:
+    try:
+        _need_driver()
+    except RuntimeError:
+        return False
+    return True

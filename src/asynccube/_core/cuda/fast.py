@@ -1,0 +1,78 @@
+"""A launch's whole route in one call: the hot path's ``FastLaunch``.
+
+``client.execute(kernel, count, bindings, mode)`` on CUDA first offers the launch to a
+``FastLaunch`` built here for the client's channel and server (the compiled one from
+``_native_fast.c``, or its twin ``_twin_fast.py``). It does in one call what the Python
+route does through ``ClientCore.execute`` -> ``Channel.send`` (run inline) ->
+``ClientCore._execute`` -> ``LaunchOps.execute``, for the launch that route runs
+without surprises:
+
+* the channel is open, called on its loop (asyncio's; under trio, the backend says),
+  no graph capture is open, and the actor is idle with nothing queued (unlike the
+  Python route's inline commands, past the channel's 1 ms budget too: a launch taken
+  here costs the caller about what queueing it would, and the caller holds the loop
+  either way, while a queued launch costs the actor its whole route again later);
+* the calling task's stream is found as ``StreamId.current()`` finds it (a task's first
+  command calls it, to mint the stream; a stream's first operation creates it);
+* the device's context is current as ``driver.set_current`` last made it on this
+  thread (what the route's ``activate()`` checks; asking the driver would cost a driver
+  call), and no kernel recorder (profiling) is on;
+* the kernel is loaded, its count static, and there are no tensor maps; at most one
+  scalar group and at most 32 buffers;
+* every buffer's address is known (``ServerCore._pointers``'s fast path), the
+  bindings' signature was checked against the kernel, and under CHECKED the grid is
+  the one last found within the device's limits;
+* every buffer was last used on this stream's slot (no cross-stream wait is needed).
+
+It then moves the stream's cursor and stamps the buffers, as ``MultiStream.resolve``
+does, fills the argument block and calls ``cuLaunchKernel``; a failure from there on
+is held for the stream through ``Channel.hold``, as ``_execute`` holds it. Anything
+else returns False before any state changed, and the caller takes the Python route,
+which handles the rest (and raises what it raises). ``stats`` counts both outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from .. import stream_id
+from ..bindings import Bindings, CubeCount
+from ..kernel import Kernel
+from ..types import ExecutionMode
+from . import driver
+from .driver import error_from
+from .hotpath import hot
+
+if TYPE_CHECKING:
+    from ..channel import Channel
+    from .server import CudaServer
+
+__all__ = ["FastLaunch", "fast_launch"]
+
+FastLaunch = Any
+"""``hot.FastLaunch``: callable as ``fast(kernel, count, bindings, mode) -> bool``."""
+
+
+def fast_launch(server: CudaServer, channel: Channel) -> FastLaunch:
+    """The ``FastLaunch`` of ``server`` driven through ``channel``."""
+    from ..channel import State
+
+    loop = channel.loop
+    on_loop: Any
+    task_fn: Any
+    task_arg: Any
+    if channel.backend.name == "asyncio":
+        on_loop, task_fn, task_arg = None, asyncio.current_task, loop
+    else:  # trio's adapter: the backend says whether we are on its run
+        on_loop, task_fn, task_arg = channel.backend.on_loop, stream_id.current_task, None
+    streams = server._streams
+    return hot.FastLaunch(
+        channel, loop, State.OPEN, asyncio._get_running_loop, on_loop, task_fn, task_arg,
+        stream_id._pinned, stream_id._owned, Kernel, CubeCount, Bindings, ExecutionMode,
+        ExecutionMode.CHECKED, server._kernels, server._addresses, server._table,
+        server._packer._packs, streams.last_use, streams.streams.slots, server.recorder,
+        channel.hold, error_from, channel._end_inline_batch, loop.call_soon, channel._wake,
+        driver._tls, server._ctx.context, stream_id.StreamId.current, streams.streams.get_index,
+        streams.max_streams,
+    )  # fmt: skip

@@ -1,0 +1,222 @@
+"""Scenarios of the one-call launch route (``cuda/fast.py``) on the real client ->
+channel -> CudaServer path against the no-op driver of ``benchmarks/bench_overhead.py``.
+
+Run in its own process by ``tests/test_fast_launch.py`` (the fake driver is loaded into
+the process for good): ``python tests/fast_launch_scenario.py NAME``; prints ``ok NAME``
+or raises. ``ASYNCCUBE_NO_EXTENSIONS=1`` runs the same on the pure-Python twin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_overhead
+
+bench_overhead.install_fake()
+
+import asynccube as ac  # noqa: E402
+from asynccube._core.client import ComputeClient  # noqa: E402
+from asynccube._core.cuda.hotpath import ACTIVE  # noqa: E402
+from asynccube._core.profiling import KernelRecorder, ProfilingLevel  # noqa: E402
+
+ADD = ac.Kernel("fl_add", cuda=ac.CudaSource(bench_overhead.ADD, "add", (256, 1, 1)))
+EMPTY = ac.Kernel("fl_empty", cuda=ac.CudaSource(bench_overhead.ADD, "empty_kernel", (1, 1, 1)))
+N = 4096
+U, C = ac.ExecutionMode.UNCHECKED, ac.ExecutionMode.CHECKED
+
+
+class Setup:
+    """A client on the fake server, three buffers bound to the add kernel, loaded."""
+
+    def __init__(self, recorder: KernelRecorder | None = None) -> None:
+        self.server = bench_overhead._server()
+        if recorder is not None:
+            self.server.recorder = recorder
+        self.client = ComputeClient(self.server, asyncio.get_running_loop())
+        self.handles = [self.client.empty(4 * N) for _ in range(3)]
+        self.bindings = (
+            ac.Bindings()
+            .with_buffers([h.binding() for h in self.handles])
+            .with_scalar(np.uint32, [N])
+        )
+        self.count = ac.CubeCount(N // 256)
+
+    async def ready(self) -> Setup:
+        self.client.execute(ADD, self.count, self.bindings)  # compiles, loads, checks
+        await self.client.sync()
+        return self
+
+    @property
+    def stats(self) -> tuple[int, int]:
+        fast = self.client._fast
+        assert fast is not None, "a CUDA client has a FastLaunch"
+        hits, declined = fast.stats
+        return int(hits), int(declined)
+
+    def stamp(self, i: int = 0) -> tuple[Any, int]:
+        mid = self.handles[i].binding().memory.id
+        return self.server._streams.last_use[mid]  # type: ignore[no-any-return]
+
+
+async def taken() -> None:
+    """Plain launches are taken, and do the route's bookkeeping."""
+    s = await Setup().ready()
+    hits, declined = s.stats
+    sid, cursor = s.stamp()
+    for _ in range(10):
+        s.client.execute(ADD, s.count, s.bindings, U)
+        s.client.execute(ADD, s.count, s.bindings)  # CHECKED, the grid already checked
+    assert s.stats == (hits + 20, declined), s.stats
+    new_sid, new_cursor = s.stamp()
+    assert new_sid == sid and new_cursor == cursor + 20, (sid, cursor, new_sid, new_cursor)
+    await s.client.sync()
+    await s.client.close()
+
+
+async def declined() -> None:
+    """What the route must handle goes there, and works."""
+    s = await Setup().ready()
+    counts = s.client.create(np.array([2, 1, 1], np.uint32).tobytes())
+    dynamic = ac.CubeCount.dynamic(counts.binding())
+    _, d0 = s.stats
+    s.client.execute(ADD, ac.CubeCount(N // 128), s.bindings)  # CHECKED, a new grid
+    assert s.stats[1] == d0 + 1, s.stats
+    s.client.execute(ADD, ac.CubeCount(N // 128), s.bindings)  # now it is known good
+    assert s.stats[1] == d0 + 1, s.stats
+    s.client.execute(ADD, dynamic, s.bindings, U)  # a count read back first (0s here)
+    assert s.stats[1] == d0 + 2, s.stats
+    await s.client.sync()
+    await s.client.close()
+
+
+async def other_stream() -> None:
+    """A buffer last used on another task's stream: the route syncs the streams."""
+    s = await Setup().ready()
+    _, d0 = s.stats
+    main_sid, _ = s.stamp()
+
+    async def other() -> Any:
+        s.client.execute(ADD, s.count, s.bindings, U)
+        return ac.StreamId.current()
+
+    other_sid = await asyncio.create_task(other())
+    assert other_sid != main_sid
+    assert s.stats[1] == d0 + 1, s.stats  # declined: the buffers came from main's stream
+    assert s.stamp()[0] == other_sid
+    s.client.execute(ADD, s.count, s.bindings, U)  # and back: declined again
+    assert s.stats[1] == d0 + 2, s.stats
+    assert s.stamp()[0] == main_sid
+    await s.client.sync()
+    await s.client.close()
+
+
+async def new_task() -> None:
+    """A task's first launch (its stream minted, the stream created) is taken."""
+    s = await Setup().ready()
+    one, nothing = ac.CubeCount(1), ac.Bindings()
+    s.client.execute(EMPTY, one, nothing)  # loaded and checked
+    await s.client.sync()
+    hits, d0 = s.stats
+    slots = s.server._streams.streams.slots
+    before = sum(w is not None for w in slots)
+
+    async def first() -> Any:
+        s.client.execute(EMPTY, one, nothing, U)
+        s.client.execute(EMPTY, one, nothing, U)
+        return ac.StreamId.current()
+
+    sid = await asyncio.create_task(first())
+    assert s.stats == (hits + 2, d0), s.stats
+    assert sum(w is not None for w in slots) == before + 1, "its stream was created"
+    assert slots[sid.value % s.server._streams.max_streams].cursor == 2
+    await s.client.sync()
+    await s.client.close()
+
+
+async def launch_error() -> None:
+    """A failed cuLaunchKernel is held for the stream, raised by the next awaited
+    command, and the client keeps serving."""
+    s = await Setup().ready()
+    bad = ac.CubeCount(777)
+    s.client.execute(ADD, bad, s.bindings, U)
+    hits, _ = s.stats
+    raised: BaseException | None = None
+    try:
+        await s.client.sync()
+    except ac.DeviceError as exc:  # a CudaDriverError
+        raised = exc
+    if raised is None or "cuLaunchKernel(fl_add)" not in str(raised):
+        raise AssertionError(f"the failed launch was not raised: {raised!r}")
+    s.client.execute(ADD, s.count, s.bindings, U)
+    await s.client.sync()
+    assert s.stats[0] == hits + 1, s.stats
+    await s.client.close()
+
+
+async def foreign_handle() -> None:
+    """Another client's handle is refused with the route's typed error, never launched."""
+    s = await Setup().ready()
+    other = await Setup().ready()
+    b = ac.Bindings().with_buffers([other.handles[0].binding(), *s.bindings.buffers[1:]])
+    b.with_scalar(np.uint32, [N])
+    hits, d0 = s.stats
+    s.client.execute(ADD, s.count, b, U)
+    assert s.stats == (hits, d0 + 1), s.stats
+    try:
+        await s.client.sync()
+    except ac.InvalidHandle:
+        pass
+    else:
+        raise AssertionError("a launch on another client's handle was not refused")
+    s.client.execute(ADD, s.count, s.bindings, U)  # still serving, on the fast route
+    await s.client.sync()
+    assert s.stats[0] == hits + 1, s.stats
+    await other.client.close()
+    await s.client.close()
+
+
+async def profiling() -> None:
+    """With a recorder on, launches take the route (it records them)."""
+    s = await Setup(KernelRecorder(ProfilingLevel.MEDIUM)).ready()
+    hits, d0 = s.stats
+    s.client.execute(ADD, s.count, s.bindings, U)
+    assert s.stats == (hits, d0 + 1), s.stats
+    await s.client.sync()
+    await s.client.close()
+
+
+async def closed() -> None:
+    """A closed client raises its typed error, through the route."""
+    s = await Setup().ready()
+    await s.client.close()
+    try:
+        s.client.execute(ADD, s.count, s.bindings, U)
+    except ac.ClientClosedError:
+        pass
+    else:
+        raise AssertionError("a closed client launched")
+
+
+SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
+    f.__name__: f
+    for f in (taken, declined, other_stream, new_task, launch_error, foreign_handle, profiling)
+}
+SCENARIOS["closed"] = closed
+
+
+def main() -> None:
+    """Run the scenarios named on the command line (all without one)."""
+    for name in sys.argv[1:] or list(SCENARIOS):
+        asyncio.run(SCENARIOS[name]())
+        print("ok", name, ACTIVE)
+
+
+if __name__ == "__main__":
+    main()

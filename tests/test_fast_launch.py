@@ -1,0 +1,113 @@
+"""The one-call launch route (``cuda/fast.py``), compiled and pure-Python twin, without a
+GPU: its argument checks here, and the client -> CudaServer scenarios of
+``fast_launch_scenario.py`` in a process of their own on the no-op driver of
+``benchmarks/bench_overhead.py`` (a GPU runs the same route in every CUDA test)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+from contextvars import ContextVar
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from asynccube._core.cuda import _twin
+from asynccube._core.errors import InvalidArgument
+
+SCENARIO = Path(__file__).with_name("fast_launch_scenario.py")
+NAMES = ("taken", "declined", "other_stream", "new_task", "launch_error", "foreign_handle",
+         "profiling", "closed")  # fmt: skip
+
+
+def _native() -> ModuleType | None:
+    try:
+        return importlib.import_module("asynccube._core.cuda._native")
+    except ImportError:
+        return None
+
+
+@pytest.fixture(params=["native", "python"])
+def hot(request: pytest.FixtureRequest) -> Any:
+    if request.param == "python":
+        return _twin
+    native = _native()
+    if native is None:
+        pytest.skip("the compiled extension is not built here (pip install . builds it)")
+    return native
+
+
+class _Closed:
+    """A channel that is not open: every launch is left to the route."""
+
+    state = "closed"
+
+
+def _args(channel: Any = None) -> list[Any]:
+    objs: list[Any] = [_Closed() if channel is None else channel, object(), "open"]
+    objs += [None] * 4 + [ContextVar("p", default=None), ContextVar("o", default=None)]
+    objs += [type(None)] * 4 + [object(), {}, {}, object(), {}, {}, [None], object()]
+    objs += [None] * 9
+    return [*objs, 32]  # 30 objects, then max_streams
+
+
+def test_the_argument_count_is_checked(hot: Any) -> None:
+    with pytest.raises(InvalidArgument, match="31 arguments"):
+        hot.FastLaunch(*_args()[:-1])
+
+
+def test_max_streams_is_checked(hot: Any) -> None:
+    with pytest.raises(InvalidArgument, match="max_streams"):
+        hot.FastLaunch(*_args()[:-1], 0)
+
+
+def test_a_closed_channel_is_left_to_the_route(hot: Any) -> None:
+    fast = hot.FastLaunch(*_args())
+    assert fast(None, None, None, None) is False
+    assert fast(1, 2, 3, 4) is False
+    assert tuple(fast.stats) == (0, 2)
+    with pytest.raises(TypeError):
+        fast(1, 2, 3)
+
+
+def _run(env_twin: bool) -> subprocess.CompletedProcess[str]:
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) to build the no-op libcuda.so.1")
+    try:
+        from asynccube._core.cuda import compiler
+
+        compiler.nvrtc_version()
+    except Exception as exc:
+        pytest.skip(f"NVRTC is not available: {exc}")
+    env = dict(os.environ)
+    env["ASYNCCUBE_NO_EXTENSIONS"] = "1" if env_twin else ""
+    env["PYTHONPATH"] = os.pathsep.join([*sys.path, env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, str(SCENARIO)], capture_output=True, text=True, env=env, timeout=110
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("twin", [False, True], ids=["native", "python"])
+def test_scenarios_on_the_client_path(twin: bool) -> None:
+    if not twin and _native() is None:
+        pytest.skip("the compiled extension is not built here (pip install . builds it)")
+    out = _run(twin)
+    assert out.returncode == 0, out.stdout + out.stderr
+    path = "python" if twin else "native"
+    for name in NAMES:
+        assert f"ok {name} {path}" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_scenarios_are_all_run() -> None:
+    source = SCENARIO.read_text()
+    assert sorted(NAMES) == sorted(
+        line.split("(")[0].removeprefix("async def ")
+        for line in source.splitlines()
+        if line.startswith("async def ")
+    )
