@@ -227,7 +227,9 @@ async def main_async(args: argparse.Namespace) -> None:
                 runs.append(await fn(ctx, n))
                 if time.perf_counter() >= deadline:
                     break
-            print(f"{args.loop:8} {name:20} {min(runs):9.2f} us/command ({len(runs)} runs)")
+            fast = getattr(client, "_fast", None)  # launches taken in one call / declined
+            taken = f", FastLaunch taken/declined {tuple(fast.stats)}" if fast is not None else ""
+            print(f"{args.loop:8} {name:20} {min(runs):9.2f} us/command ({len(runs)} runs{taken})")
         if args.breakdown:
             for key, v in (await breakdown(ctx)).items():
                 print(f"{args.loop:8} breakdown  {key:40} {v:8.2f} us", flush=True)
