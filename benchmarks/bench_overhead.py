@@ -11,8 +11,9 @@ call returns success at once:
 * ``cuda.bindings.driver`` (used off the hot path: streams, events, pools) is replaced by
   a Python object with no-op calls and real pinned-looking host memory (``ctypes``).
 
-A launch with a grid of 777 blocks fails with ``CUDA_ERROR_INVALID_VALUE`` (the tests of
-``tests/test_fast_launch.py`` hold that error). NVRTC is real (kernels are compiled as
+A launch with a grid of 777 blocks fails with ``CUDA_ERROR_INVALID_VALUE``, and every
+device-to-host copy fails with the library's ``fake_fail_dtoh`` while it is not 0 (the
+tests of ``tests/test_fast_launch.py`` use both). NVRTC is real (kernels are compiled as
 usual). What is left is asynccube's own work per
 command: the figures are what the GPU figures would be with a free driver. Run::
 
@@ -47,12 +48,14 @@ int cuEventRecord(void *e, void *s) { return 0; }
 int cuEventQuery(void *e) { return 0; }
 int cuStreamWaitEvent(void *s, void *e, unsigned flags) { return 0; }
 int cuMemcpyHtoDAsync_v2(u64 d, const void *h, unsigned long n, void *s) { return 0; }
-int cuMemcpyDtoHAsync_v2(void *h, u64 d, unsigned long n, void *s) { return 0; }
+int fake_fail_dtoh = 0; /* set to a CUresult: every device-to-host copy fails with it */
+int cuMemcpyDtoHAsync_v2(void *h, u64 d, unsigned long n, void *s) { return fake_fail_dtoh; }
 int cuLaunchHostFunc(void *s, void (*fn)(void *), void *data) { fn(data); return 0; }
 int cuEventCreate(void **e, unsigned flags) { static char ev; *e = &ev; return 0; }
 int cuEventDestroy_v2(void *e) { return 0; }
 int cuCtxGetCurrent(void **c) { *c = (void *)1; return 0; } /* DeviceContext(0, 1, 1) */
 int cuCtxSetCurrent(void *c) { return 0; }
+int cuStreamQuery(void *s) { return 0; }
 int cuPointerGetAttributes(unsigned n, int *attrs, void **data, u64 ptr) {
     for (unsigned i = 0; i < n; ++i) *(unsigned *)data[i] = 0; /* not pinned */
     return 0;
@@ -113,6 +116,9 @@ class FakeDriver:
 
     def cuFuncGetAttribute(self, attr: Any, fn: Any) -> tuple[int, int]:
         return 0, 1024
+
+    def cuMemcpyDtoHAsync(self, *args: Any) -> tuple[int]:
+        return (ctypes.c_int.in_dll(self._lib, "fake_fail_dtoh").value,)  # as the C fake
 
     def cuLaunchKernel(self, fn: Any, gx: int, *args: Any) -> tuple[int]:
         return (1 if gx == 777 else 0,)  # as the C fake: a grid of 777 fails

@@ -9,6 +9,7 @@ or raises. ``ASYNCCUBE_NO_EXTENSIONS=1`` runs the same on the pure-Python twin.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -182,6 +183,80 @@ async def foreign_handle() -> None:
     await s.client.close()
 
 
+async def read_taken() -> None:
+    """A small read of one buffer is taken once a spare buffer of its size exists, and
+    its future is done before it is awaited."""
+    s = await Setup().ready()
+    h = s.client.create(bytes(range(256)) * 4)
+    await s.client.read([h])  # the route, which keeps a spare buffer of this size
+    hits, d0 = s.stats
+    for _ in range(5):
+        fut = s.client.read([h])
+        assert fut.done(), "a short read is done before its caller suspends"
+        (data,) = await fut
+        assert len(data) == 1024
+    assert s.stats == (hits + 5, d0), s.stats
+    big = s.client.empty(128 << 10)
+    await s.client.read([big])
+    await s.client.read([big])
+    assert s.stats == (hits + 5, d0 + 2), s.stats  # above SMALL_READ: the route
+    await s.client.close()
+
+
+async def read_declined() -> None:
+    """A held error, or a buffer last used on another task's stream: the route."""
+    s = await Setup().ready()
+    h = s.handles[0]
+    await s.client.read([h])
+    hits, d0 = s.stats
+    s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held for the stream
+    raised: BaseException | None = None
+    try:
+        await s.client.read([h])
+    except ac.DeviceError as exc:
+        raised = exc
+    assert raised is not None and "cuLaunchKernel" in str(raised), raised
+    assert s.stats == (hits + 1, d0 + 1), s.stats  # the launch taken, the read declined
+
+    async def other() -> None:
+        s.client.execute(ADD, s.count, s.bindings, U)
+
+    await asyncio.create_task(other())
+    await s.client.read([h])  # h was last used on the other task's stream
+    assert s.stats[1] == d0 + 3, s.stats  # (the other task's launch was declined too)
+    await s.client.read([h])
+    assert s.stats[1] == d0 + 3, s.stats  # back on this stream: taken
+    await s.client.close()
+
+
+async def read_error() -> None:
+    """A failed copy fails the future with the driver's typed error; the client serves on."""
+    s = await Setup().ready()
+    h = s.handles[1]
+    await s.client.read([h])
+    flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_fail_dtoh")
+    flag.value = 1  # CUDA_ERROR_INVALID_VALUE
+    hits, _ = s.stats
+    raised: BaseException | None = None
+    try:
+        await s.client.read([h])
+    except ac.DeviceError as exc:
+        raised = exc
+    finally:
+        flag.value = 0
+    assert raised is not None and "cuMemcpyDtoHAsync" in str(raised), raised
+    assert s.stats[0] == hits + 1, s.stats
+    assert len((await s.client.read([h]))[0]) == 4 * N
+    await s.client.close()
+
+
+def bench_overhead_lib() -> ctypes.CDLL:
+    """The no-op libcuda.so.1 that install_fake() loaded."""
+    from asynccube._core.cuda import driver
+
+    return driver._module._lib  # type: ignore[no-any-return,union-attr]
+
+
 async def profiling() -> None:
     """With a recorder on, launches take the route (it records them)."""
     s = await Setup(KernelRecorder(ProfilingLevel.MEDIUM)).ready()
@@ -206,7 +281,18 @@ async def closed() -> None:
 
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
-    for f in (taken, declined, other_stream, new_task, launch_error, foreign_handle, profiling)
+    for f in (
+        taken,
+        declined,
+        other_stream,
+        new_task,
+        launch_error,
+        foreign_handle,
+        profiling,
+        read_taken,
+        read_declined,
+        read_error,
+    )
 }
 SCENARIOS["closed"] = closed
 

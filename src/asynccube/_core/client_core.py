@@ -8,13 +8,14 @@ actor: it prepares (compiles) in a worker thread if needed, then fires the serve
 The routes of the main commands on CUDA, hop by hop (a hop in brackets is the carrier
 that takes the command on: the channel, or the hot path, whose compiled module does what
 its pure-Python twin ``cuda._twin`` does; ``tests/test_routes.py`` checks each name).
-A launch takes the first route when the server's ``FastLaunch`` takes it (``cuda.fast``
-says when: the common launch), else the second::
+A launch, and a small read of one buffer, take the first route when the server's
+``FastLaunch`` takes them (``cuda.fast`` says when: the common case), else the second::
 
     route: client_core.ClientCore.execute -> [cuda._twin.FastLaunch] -> driver:cuLaunchKernel
     route: client_core.ClientCore.execute -> [channel.Channel.send]
         -> client_core.ClientCore._execute -> [channel.Channel.fire]
         -> cuda.launch.LaunchOps.execute -> [cuda._twin.launch] -> driver:cuLaunchKernel
+    route: client_core.ClientCore.read -> [cuda._twin.FastLaunch] -> driver:cuMemcpyDtoHAsync
     route: client_core.ClientCore.read -> [channel.Channel.request]
         -> client_core.ClientCore._read -> [channel.Channel.await_completion]
         -> cuda.transfers.TransferOps.read -> cuda.transfers.TransferOps._read_one
@@ -99,9 +100,7 @@ class ClientCore:
         # Optional: a server's one-call launch route (CUDA: cuda/fast.py), offered each
         # launch first; it declines (False) whatever it does not take, before any change.
         fast = getattr(server, "fast_launcher", None)
-        self._fast: Callable[[Kernel, CubeCount, Bindings, ExecutionMode], bool] | None = (
-            fast(self._channel) if fast is not None else None
-        )
+        self._fast: Any = fast(self._channel) if fast is not None else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device!r}, state={self._channel.state.value})"
@@ -279,6 +278,11 @@ class ClientCore:
 
     def read(self, bindings: Sequence[Binding | Handle]) -> asyncio.Future[list[bytes]]:
         """The bytes of each binding (awaitable)."""
+        fast = self._fast  # FastLaunch.read: a small read of one buffer in one call
+        if fast is not None and type(bindings) in (list, tuple) and len(bindings) == 1:
+            done = fast.read(bindings[0])
+            if done is not None:
+                return done  # type: ignore[no-any-return]
         self._channel.check()
         descs = [_whole(b) for b in _items("read", "bindings", bindings)]
         channel = self._channel

@@ -127,6 +127,7 @@ static PyObject *open_driver(PyObject *self, PyObject *unused) {
     RESOLVE(event_destroy, "cuEventDestroy_v2", 1);
     RESOLVE(ctx_get, "cuCtxGetCurrent", 1);
     RESOLVE(ctx_set, "cuCtxSetCurrent", 1);
+    RESOLVE(stream_query, "cuStreamQuery", 1);
     RESOLVE(param_count, "cuFuncGetParamCount", 0);
     RESOLVE(param_info, "cuFuncGetParamInfo", 0);
     cu.lib = lib;

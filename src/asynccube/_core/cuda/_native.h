@@ -40,6 +40,7 @@ typedef struct {
     CUresult (*event_destroy)(CUh);
     CUresult (*ctx_get)(CUh *);
     CUresult (*ctx_set)(CUh);
+    CUresult (*stream_query)(CUh);
 } CuDriver;
 
 extern CuDriver cu; /* the driver's entry points, filled by open_driver() */

@@ -20,7 +20,7 @@ static const char *name_text[N_COUNT] = {
     "_inline_deadline", "id", "binding", "x", "y", "z", "buffers", "tensor_maps", "scalars",
     "metadata", "data", "size", "memory", "queue", "offset_start", "offset_end",
     "buffer_size", "stream", "value", "function", "shape", "checked", "grid_ok", "cursor",
-    "enabled", "ty", "num", "length", "context"};
+    "enabled", "ty", "num", "length", "context", "_held", "ptr"};
 PyObject *attr_names[N_COUNT];
 
 int fast_init_names(void) {
@@ -37,6 +37,12 @@ static int fast_traverse(FastLaunch *f, visitproc visit, void *arg) {
     Py_VISIT(f->sh_obj);
     Py_VISIT(f->go_obj);
     Py_VISIT(f->ms_obj);
+    Py_VISIT(f->handle_t);
+    Py_VISIT(f->binding_t);
+    Py_VISIT(f->small_reads);
+    Py_VISIT(f->later);
+    Py_VISIT(f->fail);
+    Py_VISIT(f->create_future);
     return 0;
 }
 
@@ -48,6 +54,12 @@ static int fast_clear(FastLaunch *f) {
     Py_CLEAR(f->sh_obj);
     Py_CLEAR(f->go_obj);
     Py_CLEAR(f->ms_obj);
+    Py_CLEAR(f->handle_t);
+    Py_CLEAR(f->binding_t);
+    Py_CLEAR(f->small_reads);
+    Py_CLEAR(f->later);
+    Py_CLEAR(f->fail);
+    Py_CLEAR(f->create_future);
     return 0;
 }
 
@@ -87,7 +99,7 @@ fail:
     return NULL;
 }
 
-static int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o) {
+int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o) {
     if (o == *obj) return 0;
     unsigned long long v;
     if (as_handle(o, "a driver handle", &v) < 0) return -1;
@@ -118,7 +130,7 @@ static int hold_raised(FastLaunch *f, PyObject *sid) {
 }
 
 /* Advance the stream's cursor and stamp every buffer as last used there. */
-static int commit(FastLaunch *f, Plan *p) {
+int commit(FastLaunch *f, Plan *p) {
     PyObject *cursor = PyObject_GetAttr(p->wrapper, attr_names[N_CURSOR]);
     if (cursor == NULL) return -1;
     long value;
@@ -182,7 +194,7 @@ static int run(FastLaunch *f, Plan *p) {
  * stopping actor. A launch taken here does not spend the channel's inline budget (the
  * 1 ms of Python-route commands run inline per loop iteration): its time is added to
  * the deadline, in one write once the deadline is near. */
-static int after(FastLaunch *f, Refs *r, Plan *p, double t0) {
+int after(FastLaunch *f, Refs *r, Plan *p, double t0) {
     double now = now_s();
     if (!p->scheduled) {
         f->credit = 0.0;
@@ -250,6 +262,14 @@ static PyObject *fast_stats(PyObject *self, void *unused) {
     return Py_BuildValue("(KK)", f->hits, f->declined);
 }
 
+static PyMethodDef fast_methods[] = {
+    {"read", fast_read, METH_O,
+     "read(item) -> a future of [bytes], or None: the Python route takes it (fast.py)"},
+    {"set_read", fast_set_read, METH_VARARGS,
+     "set_read(handle_t, binding_t, small_reads, small_max, later, fail, create_future)"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyGetSetDef fast_getset[] = {
     {"stats", fast_stats, NULL, "(launches taken, launches left to the Python route)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -267,4 +287,5 @@ PyTypeObject FastLaunchType = {
     .tp_doc = "FastLaunch(...)(kernel, count, bindings, mode) -> bool (see fast.py)",
     .tp_new = fast_new,
     .tp_getset = fast_getset,
+    .tp_methods = fast_methods,
 };

@@ -11,7 +11,7 @@ enum {
     N_STATE, N_GUARD, N_WAKEUP, N_QUEUE, N_STOP, N_SCHEDULED, N_DEADLINE, N_ID, N_BINDING,
     N_X, N_Y, N_Z, N_BUFFERS, N_TMAPS, N_SCALARS, N_METADATA, N_DATA, N_SIZE, N_MEMORY,
     N_RQUEUE, N_OSTART, N_OEND, N_BSIZE, N_STREAM, N_VALUE, N_FUNCTION, N_SHAPE, N_CHECKED,
-    N_GRID_OK, N_CURSOR, N_ENABLED, N_TY, N_NUM, N_LENGTH, N_CONTEXT, N_COUNT
+    N_GRID_OK, N_CURSOR, N_ENABLED, N_TY, N_NUM, N_LENGTH, N_CONTEXT, N_HELD, N_PTR, N_COUNT
 };
 extern PyObject *attr_names[N_COUNT]; /* interned attribute names, by N_* */
 
@@ -39,6 +39,9 @@ typedef struct {
                                 * here cannot be resized in place) */
     Py_ssize_t ms_val;
     double credit; /* seconds of fast launches not yet given back to the channel's budget */
+    /* read(): set by set_read() (NULL until then) */
+    PyObject *handle_t, *binding_t, *small_reads, *later, *fail, *create_future;
+    long small_max;
     unsigned sh_val[4], go_val[3];
     unsigned long long fn_val, st_val;
     unsigned long long hits, declined;
@@ -55,6 +58,7 @@ typedef struct {
     Py_ssize_t n, meta_size;
     unsigned grid[3], shape[4];
     int scheduled;
+    long nbytes; /* plan_read: the bytes the binding covers */
     PyObject *mids[MAX_BUFFERS]; /* the arrays last: filled up to n, not cleared */
     unsigned long long ptrs[MAX_BUFFERS];
 } Plan;
@@ -89,5 +93,18 @@ double now_s(void);
 /* Everything the launch of a[0..3] (kernel, count, bindings, mode) needs, or 0 (an
  * error may be set) when the Python route must take it; nothing is changed. */
 int plan(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a);
+
+/* The same for a read of `item` (a Handle or Binding): channel, no held error, stream,
+ * address, size (p->nbytes), stream slot; 0 when the Python route must take it. */
+int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item);
+
+/* _native_fast.c: the bookkeeping of a planned command and the end of an inline run. */
+int commit(FastLaunch *f, Plan *p);
+int after(FastLaunch *f, Refs *r, Plan *p, double t0);
+int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o);
+
+/* _native_read.c */
+PyObject *fast_read(PyObject *self, PyObject *item);
+PyObject *fast_set_read(PyObject *self, PyObject *args);
 
 #endif

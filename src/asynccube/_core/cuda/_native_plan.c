@@ -157,6 +157,7 @@ static int pointers_of(FastLaunch *f, Refs *r, Plan *p, PyObject *buffers) {
         if ((o = get(r, b, N_BSIZE)) == NULL || as_long(o, &size) < 0) return 0;
         if (!(0 <= start && start <= size - end_off && size - end_off <= length)) return 0;
         p->ptrs[i] = (unsigned long long)base + (unsigned long long)start;
+        p->nbytes = size - end_off - start;
     }
     return 1;
 }
@@ -275,3 +276,22 @@ int plan(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a) {
     return (p->stream = get(r, p->wrapper, N_STREAM)) != NULL;
 }
 
+
+int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item) {
+    if (Py_TYPE(item) != (PyTypeObject *)f->handle_t &&
+        Py_TYPE(item) != (PyTypeObject *)f->binding_t)
+        return 0;
+    if (!channel_ready(f, r, p)) return 0;
+    PyObject *held = get(r, f->channel, N_HELD), *errors;
+    if (held == NULL || (errors = get(r, held, N_HELD)) == NULL || !PyDict_Check(errors) ||
+        PyDict_GET_SIZE(errors) != 0)
+        return 0; /* an error is held: the route raises it */
+    if (!stream_of(f, r, p)) return 0;
+    PyObject *one = keep(r, PyList_New(1));
+    if (one == NULL) return 0;
+    PyList_SET_ITEM(one, 0, Py_NewRef(item));
+    long own;
+    if (!pointers_of(f, r, p, one) || p->nbytes <= 0 || p->nbytes > f->small_max) return 0;
+    if (!own_slot(f, r, p, one, &own)) return 0;
+    return (p->stream = get(r, p->wrapper, N_STREAM)) != NULL;
+}

@@ -8,25 +8,30 @@ block is filled and the kernel launched, an error being held for the stream.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from typing import Any
 
 from ._twin_args import _need_driver
+from ._twin_args import state as _driver
 from ._twin_launch import launch
 
 __all__ = ["FastLaunch"]
 
 _MAX_BUFFERS = 32
+_SPIN_S = 30e-6  # as CompletionWatcher's sync_spin_seconds
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 
 class _Plan:
-    __slots__ = ("function", "grid", "meta", "mids", "pack", "ptrs", "scalar", "scheduled",
-                 "shape", "sid", "stream", "wrapper")  # fmt: skip
+    __slots__ = ("function", "grid", "meta", "mids", "nbytes", "pack", "ptrs", "scalar",
+                 "scheduled", "shape", "sid", "stream", "wrapper")  # fmt: skip
 
     function: Any
     grid: tuple[int, int, int]
     meta: Any
     mids: list[Any]
+    nbytes: int
     pack: Any
     ptrs: list[int]
     scalar: Any
@@ -41,41 +46,14 @@ class FastLaunch:
     """``FastLaunch(...)(kernel, count, bindings, mode) -> bool`` (see :mod:`.fast`)."""
 
     __slots__ = (
-        "_declined",
-        "_hits",
-        "addresses",
-        "bindings_t",
-        "call_soon",
-        "channel",
-        "checked",
-        "context",
-        "count_t",
-        "credit",
-        "current_sid",
-        "end_batch",
-        "error_from",
-        "get_index",
-        "get_loop",
-        "hold",
-        "kernel_t",
-        "kernels",
-        "last_use",
-        "loop",
-        "max_streams",
-        "mode_t",
-        "on_loop",
-        "open_state",
-        "owned",
-        "packs",
-        "pinned",
-        "recorder",
-        "slots",
-        "table",
-        "task_arg",
-        "task_fn",
-        "tls",
-        "wake",
-    )  # fmt: skip
+        "_declined", "_hits", "addresses", "binding_t", "bindings_t", "call_soon",
+        "channel", "checked", "context", "count_t", "create_future", "credit",
+        "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
+        "handle_t", "hold", "kernel_t", "kernels", "last_use", "later", "loop",
+        "max_streams", "mode_t", "on_loop", "open_state", "owned", "packs", "pinned",
+        "recorder", "slots", "small_max", "small_reads", "table", "task_arg", "task_fn",
+        "tls", "wake",
+    )  # fmt: skip  # fmt: skip
 
     def __init__(self, *args: Any) -> None:
         from ..errors import InvalidArgument
@@ -93,6 +71,75 @@ class FastLaunch:
         self.max_streams = max_streams
         self._hits = self._declined = 0
         self.credit = 0.0
+        self.small_reads: Any = None
+
+    def set_read(self, handle_t: Any, binding_t: Any, small_reads: Any, small_max: int,
+                 later: Any, fail: Any, create_future: Any) -> None:  # fmt: skip
+        """What :meth:`read` needs (see ``_native_read.c``)."""
+        from ..errors import InvalidArgument
+
+        if (
+            not (isinstance(handle_t, type) and isinstance(binding_t, type))
+            or not isinstance(small_reads, dict)
+            or small_max < 0
+        ):
+            raise InvalidArgument(
+                "set_read needs two types, a dict of spare buffers and a size >= 0"
+            )
+        self.handle_t, self.binding_t, self.small_reads = handle_t, binding_t, small_reads
+        self.small_max, self.later, self.fail = small_max, later, fail
+        self.create_future = create_future
+
+    def read(self, item: Any) -> Any:
+        """A future of ``[bytes]`` for a small read of ``item``, or None (see fast.py)."""
+        if self.small_reads is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            p = self._plan_read(item)
+            spare = None if p is None else self.small_reads.get(p.nbytes)
+        except Exception:  # the Python route meets (and raises) whatever stopped this one
+            p = spare = None
+        if p is None or type(spare) is not list or not spare:
+            self._declined += 1
+            return None
+        self._commit(p)
+        fut = self._issue(p, spare)
+        self._after(p, t0)
+        self._hits += 1
+        return fut
+
+    def _plan_read(self, item: Any) -> _Plan | None:
+        if type(item) is not self.handle_t and type(item) is not self.binding_t:
+            return None
+        p = _Plan()
+        if not self._channel_ready(p) or self.channel._held._held:
+            return None  # an error is held: the route raises it
+        if not self._stream_of(p) or not self._pointers_of(p, [item]):
+            return None
+        if not 0 < p.nbytes <= self.small_max or not self._own_slot(p, [item]):
+            return None
+        p.stream = p.wrapper.stream
+        return p
+
+    def _issue(self, p: _Plan, spare: list[Any]) -> Any:
+        buf = spare.pop()
+        host = buf.ptr
+        fut = self.create_future()
+        err = _driver["d"].cuMemcpyDtoHAsync(host, p.ptrs[0], p.nbytes, p.stream)[0]
+        if err:
+            spare.append(buf)
+            self.fail(fut, self.error_from(err, "cuMemcpyDtoHAsync"))
+        elif _spin(p.stream) == 1:
+            data = [ctypes.string_at(host, p.nbytes)]
+            if len(spare) < 4:
+                spare.append(buf)
+            else:
+                buf.release()
+            fut.set_result(data)
+        else:
+            self.later(p.sid, p.stream, buf, p.nbytes, fut)
+        return fut
 
     @property
     def stats(self) -> tuple[int, int]:
@@ -194,6 +241,7 @@ class FastLaunch:
                 return False
             p.mids.append(mid)
             p.ptrs.append(entry[0] + start)
+            p.nbytes = b.buffer_size - (b.offset_end or 0) - start
         return True
 
     def _pack_of(self, p: _Plan, loaded: Any, bindings: Any) -> bool:
@@ -268,6 +316,20 @@ class FastLaunch:
                 self.credit = 0.0
         if c._stop:
             self.wake()
+
+
+def _spin(stream: Any) -> int:
+    """Poll ``stream`` until its work is done (1), 30 µs passed (0) or it failed (-1)."""
+    end = time.perf_counter() + _SPIN_S
+    query = _driver["d"].cuStreamQuery
+    while True:
+        q = int(query(stream)[0])
+        if q == 0:
+            return 1
+        if q != _NOT_READY:
+            return -1  # later() raises it, as the route
+        if time.perf_counter() >= end:
+            return 0
 
 
 def _need_driver_open() -> bool:

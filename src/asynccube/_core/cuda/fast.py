@@ -29,20 +29,32 @@ does, fills the argument block and calls ``cuLaunchKernel``; a failure from ther
 is held for the stream through ``Channel.hold``, as ``_execute`` holds it. Anything
 else returns False before any state changed, and the caller takes the Python route,
 which handles the rest (and raises what it raises). ``stats`` counts both outcomes.
+
+``fast.read(item)`` does the same for an awaited read of one Handle or Binding of at
+most ``SMALL_READ`` bytes (``client.read([h])``), on the same conditions plus: no error
+held for any stream (the route raises it) and a spare pinned buffer of that size (one
+is kept after the route's first read of the size). It queues the copy and polls the
+stream for up to 30 µs, as the completion watcher's first spin does: a short read's
+future is resolved before it is returned, so awaiting it does not suspend; a longer one
+is handed to the watcher (:func:`_read_later`). None: the route takes the read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, Any
 
 from .. import stream_id
 from ..bindings import Bindings, CubeCount
 from ..kernel import Kernel
-from ..types import ExecutionMode
+from ..stream_id import StreamId
+from ..types import Binding, ExecutionMode, Handle
 from . import driver
 from .driver import error_from
 from .hotpath import hot
+from .storage import PinnedBuffer
+from .transfers import SMALL_READ
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -67,7 +79,7 @@ def fast_launch(server: CudaServer, channel: Channel) -> FastLaunch:
     else:  # trio's adapter: the backend says whether we are on its run
         on_loop, task_fn, task_arg = channel.backend.on_loop, stream_id.current_task, None
     streams = server._streams
-    return hot.FastLaunch(
+    fast = hot.FastLaunch(
         channel, loop, State.OPEN, asyncio._get_running_loop, on_loop, task_fn, task_arg,
         stream_id._pinned, stream_id._owned, Kernel, CubeCount, Bindings, ExecutionMode,
         ExecutionMode.CHECKED, server._kernels, server._addresses, server._table,
@@ -76,3 +88,23 @@ def fast_launch(server: CudaServer, channel: Channel) -> FastLaunch:
         driver._tls, server._ctx.context, stream_id.StreamId.current, streams.streams.get_index,
         streams.max_streams,
     )  # fmt: skip
+    later = functools.partial(_read_later, server, channel)
+    fast.set_read(Handle, Binding, server._small_reads, SMALL_READ, later, channel._fail,
+                  loop.create_future)  # fmt: skip
+    return fast
+
+
+def _read_later(
+    server: CudaServer,
+    channel: Channel,
+    sid: StreamId,
+    cu_stream: Any,
+    buf: PinnedBuffer,
+    nbytes: int,
+    fut: asyncio.Future[Any],
+) -> None:
+    """A small read ``FastLaunch.read`` queued that was not done within its spin: the
+    route's completion (an event after the copy, watched on the loop) settles ``fut``."""
+    completion = server._complete(sid, [cu_stream], lambda: server.finish_small(buf, nbytes))
+    channel._pending.add(fut)
+    channel.watcher.watch(completion, lambda done: channel._resolve(fut, done))

@@ -176,18 +176,20 @@ class TransferOps(ProfileOps):
             buf.release()
             raise error_from(err, "cuMemcpyDtoHAsync")
 
-        def finish() -> list[Any]:
-            out = [ctypes.string_at(buf.ptr, nbytes)]
-            kept = self._small_reads.get(nbytes)
-            if kept is None and len(self._small_reads) < 32:
-                kept = self._small_reads[nbytes] = []
-            if kept is not None and len(kept) < 4 and not self.closed:
-                kept.append(buf)
-            else:
-                buf.release()
-            return out
+        return self._complete(stream, [cu_stream], lambda: self.finish_small(buf, nbytes))
 
-        return self._complete(stream, [cu_stream], finish)
+    def finish_small(self, buf: PinnedBuffer, nbytes: int) -> list[Any]:
+        """The bytes of a finished small read; its buffer kept as a spare (up to 4 per
+        size, 32 sizes), else released."""
+        out = [ctypes.string_at(buf.ptr, nbytes)]
+        kept = self._small_reads.get(nbytes)
+        if kept is None and len(self._small_reads) < 32:
+            kept = self._small_reads[nbytes] = []
+        if kept is not None and len(kept) < 4 and not self.closed:
+            kept.append(buf)
+        else:
+            buf.release()
+        return out
 
     def prepare_read(
         self, descriptors: Sequence[CopyDescriptor], stream: StreamId
