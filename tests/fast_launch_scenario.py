@@ -250,6 +250,29 @@ async def read_error() -> None:
     await s.client.close()
 
 
+async def sync_taken() -> None:
+    """A sync after short work is settled at once; a held error takes the route."""
+    s = await Setup().ready()
+    fast = s.client._fast_sync
+    hits, declined = fast.hits, fast.declined
+    s.client.execute(ADD, s.count, s.bindings, U)
+    fut = s.client.sync()
+    assert fut.done(), "the device was done: the sync is settled before it is awaited"
+    await fut
+    assert (fast.hits, fast.declined) == (hits + 1, declined)
+    s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held
+    raised: BaseException | None = None
+    try:
+        await s.client.sync()
+    except ac.DeviceError as exc:
+        raised = exc
+    assert raised is not None and "cuLaunchKernel" in str(raised), raised
+    assert (fast.hits, fast.declined) == (hits + 1, declined + 1)
+    await s.client.sync()
+    assert fast.hits == hits + 2
+    await s.client.close()
+
+
 def bench_overhead_lib() -> ctypes.CDLL:
     """The no-op libcuda.so.1 that install_fake() loaded."""
     from asynccube._core.cuda import driver
@@ -292,6 +315,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         read_taken,
         read_declined,
         read_error,
+        sync_taken,
     )
 }
 SCENARIOS["closed"] = closed

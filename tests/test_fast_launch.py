@@ -22,7 +22,8 @@ from asynccube._core.errors import InvalidArgument
 
 SCENARIO = Path(__file__).with_name("fast_launch_scenario.py")
 NAMES = ("taken", "declined", "other_stream", "new_task", "launch_error", "foreign_handle",
-         "profiling", "read_taken", "read_declined", "read_error", "closed")  # fmt: skip
+         "profiling", "read_taken", "read_declined", "read_error", "sync_taken",
+         "closed")  # fmt: skip
 
 
 def _native() -> ModuleType | None:

@@ -8,8 +8,9 @@ actor: it prepares (compiles) in a worker thread if needed, then fires the serve
 The routes of the main commands on CUDA, hop by hop (a hop in brackets is the carrier
 that takes the command on: the channel, or the hot path, whose compiled module does what
 its pure-Python twin ``cuda._twin`` does; ``tests/test_routes.py`` checks each name).
-A launch, and a small read of one buffer, take the first route when the server's
-``FastLaunch`` takes them (``cuda.fast`` says when: the common case), else the second::
+A launch, a small read of one buffer and a sync take the first route when the server's
+``FastLaunch`` or ``FastSync`` takes them (``cuda.fast``, ``cuda.fast_sync`` say when),
+else the second::
 
     route: client_core.ClientCore.execute -> [cuda._twin.FastLaunch] -> driver:cuLaunchKernel
     route: client_core.ClientCore.execute -> [channel.Channel.send]
@@ -20,6 +21,7 @@ A launch, and a small read of one buffer, take the first route when the server's
         -> client_core.ClientCore._read -> [channel.Channel.await_completion]
         -> cuda.transfers.TransferOps.read -> cuda.transfers.TransferOps._read_one
         -> [cuda._twin.memcpy_async] -> driver:cuMemcpyDtoHAsync
+    route: client_core.ClientCore.sync -> [cuda.fast_sync.FastSync] -> driver:cuStreamQuery
     route: client_core.ClientCore.sync -> [client_core.ClientCore._request]
         -> cuda.server.CudaServer.sync -> stream.multi.MultiStream.flush_pending
         -> cuda.streams.CudaBackend.flush -> cuda.completion.EventPool.record
@@ -101,6 +103,8 @@ class ClientCore:
         # launch first; it declines (False) whatever it does not take, before any change.
         fast = getattr(server, "fast_launcher", None)
         self._fast: Any = fast(self._channel) if fast is not None else None
+        syncer = getattr(server, "fast_syncer", None)  # CUDA: cuda/fast_sync.py
+        self._fast_sync: Any = syncer(self._channel) if syncer is not None else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device!r}, state={self._channel.state.value})"
@@ -309,6 +313,11 @@ class ClientCore:
         Raises the first error held for the calling task's stream. Graphs whose
         ``Graph`` object is gone are released first, so their buffers count as free.
         """
+        fast = self._fast_sync  # FastSync: the device is done within a few µs
+        if fast is not None and self._graph_registry is None:
+            done = fast()
+            if done is not None:
+                return done  # type: ignore[no-any-return]
         self._channel.check()
         if self._graph_registry is not None:
             self._graph_registry.drain()

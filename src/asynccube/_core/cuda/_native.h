@@ -82,6 +82,7 @@ PyObject *launch(PyObject *self, PyObject *const *a, Py_ssize_t n);          /* 
 PyObject *event_record(PyObject *self, PyObject *const *a, Py_ssize_t n);    /* _native_copies.c */
 PyObject *stream_wait_event(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *event_query(PyObject *self, PyObject *event);
+PyObject *stream_query(PyObject *self, PyObject *stream);
 PyObject *memcpy_async(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *param_sizes(PyObject *self, PyObject *function);
 PyObject *is_pinned(PyObject *self, PyObject *address);

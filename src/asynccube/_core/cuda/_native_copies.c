@@ -30,6 +30,12 @@ PyObject *event_query(PyObject *self, PyObject *event) {
     return PyLong_FromLong(cu.event_query((CUh)(uintptr_t)h));
 }
 
+PyObject *stream_query(PyObject *self, PyObject *stream) {
+    unsigned long long h;
+    if (as_handle(stream, "stream", &h) < 0 || need_driver() < 0) return NULL;
+    return PyLong_FromLong(cu.stream_query((CUh)(uintptr_t)h));
+}
+
 /* memcpy_async(to_device, device, host, nbytes, stream) -> CUresult */
 PyObject *memcpy_async(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     unsigned long long dev, host, stream;

@@ -30,7 +30,7 @@ from .driver import cu
 __all__ = [
     "FastLaunch", "PackState", "address", "copy_into", "driver_open", "event_query", "event_record",
     "is_pinned", "launch", "memcpy_async", "notify_close", "notify_drain", "notify_spin",
-    "open_driver", "param_sizes", "stream_wait_event",
+    "open_driver", "param_sizes", "stream_query", "stream_wait_event",
 ]  # fmt: skip
 
 _BIG: Final = 1 << 20
@@ -82,6 +82,15 @@ def event_query(event: Any) -> Any:
         return _d.cuEventQuery(event)[0]
     except Exception:
         _refuse([(event, "event", 0)])
+        raise
+
+
+def stream_query(stream: Any) -> Any:
+    """``cuStreamQuery``."""
+    try:
+        return _d.cuStreamQuery(stream)[0]
+    except Exception:
+        _refuse([(stream, "stream", 0)])
         raise
 
 

@@ -52,6 +52,7 @@ from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier
 from .driver import DeviceContext, check, cu, device_properties, set_current
 from .fast import fast_launch
+from .fast_sync import FastSync
 from .hotpath import hot
 from .interop import InteropOps
 from .launch import WARM_KERNEL, LaunchOps
@@ -152,6 +153,11 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps):
         """The ``FastLaunch`` that takes a client's common launches in one call
         (:mod:`.fast`); ``ClientCore.execute`` offers it each launch first."""
         return fast_launch(self, channel)
+
+    def fast_syncer(self, channel: Any) -> FastSync:
+        """The ``FastSync`` that settles a client's sync at once when the device is
+        done within a few µs (:mod:`.fast_sync`); ``ClientCore.sync`` offers it first."""
+        return FastSync(self, channel)
 
     def warm(self) -> None:
         """Pay one-off costs now, off the loop: the device pool's first page, pinned
