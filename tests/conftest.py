@@ -6,15 +6,19 @@ test, ``ASYNCCUBE_MAX_LAG_MS`` overrides it)."""
 from __future__ import annotations
 
 import gc
+import importlib
 import sys
 import warnings
 from collections.abc import AsyncIterator
+from types import ModuleType
+from typing import Any
 
 import numpy.testing  # noqa: F401 - imported lazily otherwise, inside a test step
 import pytest
 import pytest_asyncio
 
 import asynccube as ac
+from asynccube._core.cuda import _twin
 from asynccube.pytest_plugin import LAG_FAILURE
 
 with warnings.catch_warnings():
@@ -62,3 +66,22 @@ async def host_client() -> AsyncIterator[ac.ComputeClient]:
     yield c
     if not c.closed:
         await c.close()
+
+
+def native_module() -> ModuleType | None:
+    """The compiled hot path, or None where it is not built."""
+    try:
+        return importlib.import_module("asynccube._core.cuda._native")
+    except ImportError:
+        return None
+
+
+@pytest.fixture(params=["native", "python"])
+def hot(request: pytest.FixtureRequest) -> Any:
+    """Each variant of the hot path: the compiled module (skipped if not built), the twin."""
+    if request.param == "python":
+        return _twin
+    native = native_module()
+    if native is None:
+        pytest.skip("the compiled extension is not built here (pip install . builds it)")
+    return native

@@ -5,42 +5,24 @@ GPU: its argument checks here, and the client -> CudaServer scenarios of
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import subprocess
 import sys
 from contextvars import ContextVar
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from asynccube._core.cuda import _twin
 from asynccube._core.errors import InvalidArgument
+
+from .conftest import native_module
 
 SCENARIO = Path(__file__).with_name("fast_launch_scenario.py")
 NAMES = ("taken", "declined", "other_stream", "new_task", "launch_error", "foreign_handle",
          "profiling", "read_taken", "read_declined", "read_error", "sync_taken",
          "closed")  # fmt: skip
-
-
-def _native() -> ModuleType | None:
-    try:
-        return importlib.import_module("asynccube._core.cuda._native")
-    except ImportError:
-        return None
-
-
-@pytest.fixture(params=["native", "python"])
-def hot(request: pytest.FixtureRequest) -> Any:
-    if request.param == "python":
-        return _twin
-    native = _native()
-    if native is None:
-        pytest.skip("the compiled extension is not built here (pip install . builds it)")
-    return native
 
 
 class _Closed:
@@ -96,7 +78,7 @@ def _run(env_twin: bool) -> subprocess.CompletedProcess[str]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("twin", [False, True], ids=["native", "python"])
 def test_scenarios_on_the_client_path(twin: bool) -> None:
-    if not twin and _native() is None:
+    if not twin and native_module() is None:
         pytest.skip("the compiled extension is not built here (pip install . builds it)")
     out = _run(twin)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -3,11 +3,9 @@ input raising typed errors before anything reaches the driver (no GPU needed).""
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -15,23 +13,6 @@ import pytest
 
 from asynccube._core.cuda import _twin, abi, hotpath
 from asynccube._core.errors import AsyncCubeError, InvalidArgument
-
-
-def _native() -> ModuleType | None:
-    try:
-        return importlib.import_module("asynccube._core.cuda._native")
-    except ImportError:
-        return None
-
-
-@pytest.fixture(params=["native", "python"])
-def hot(request: pytest.FixtureRequest) -> Any:
-    if request.param == "python":
-        return _twin
-    native = _native()
-    if native is None:
-        pytest.skip("the compiled extension is not built here (pip install . builds it)")
-    return native
 
 
 def _block(n_ptrs: int = 2, size: int = 64) -> tuple[Any, Any]:
