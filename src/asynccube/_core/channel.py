@@ -2,15 +2,14 @@
 
 An idle actor with nothing queued lets the caller run its command at once (same thread,
 same order; the server's batch ends with the loop iteration; past 1 ms of such work in
-one iteration commands go to the actor; a launch a server's ``FastLaunch`` takes on the
-same conditions, ``cuda/fast.py``, does not spend that budget). Otherwise commands wait
-in a deque for the
-actor, which runs them in batches, yielding every millisecond of work. A
-fire-and-forget command's error is held for its stream and raised by the next awaited
-command there. Awaited commands resolve a future through the completion watcher, on
-the backend's loop (:mod:`.backend`: asyncio's own, or trio's adapter). If the actor
-dies, every pending and later awaitable fails at once with ClientDeadError (after a
-sticky device error, with that DeviceError).
+one iteration commands go to the actor; what a server's ``FastLaunch`` or ``FastSync``
+runs inline on the same conditions, ``cuda/fast.py``, is not counted). Otherwise
+commands wait in a deque for the actor, which runs them in batches, yielding every
+millisecond of work. A fire-and-forget command's error is held for its stream and
+raised by the next awaited command there. Awaited commands resolve a future through
+the completion watcher, on the backend's loop (:mod:`.backend`: asyncio's own, or
+trio's adapter). If the actor dies, every pending and later awaitable fails at once
+with ClientDeadError (after a sticky device error, with that DeviceError).
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ class Channel:
         "_cancelled",
         "_death",
         "_held",
-        "_inline_deadline",
+        "_inline_spent",
         "_pending",
         "_prune_at",
         "_queue",
@@ -90,7 +89,8 @@ class Channel:
         self._death: BaseException | None = None
         self._stop = False
         self._batch_end_scheduled = False
-        self._inline_deadline = 0.0
+        self._inline_spent = 0.0
+        """Seconds of commands run inline in this loop iteration (reset at its end)."""
         self.watcher = CompletionWatcher(loop, self.backend.checkpoint)
         self.guard: Callable[[str], None] | None = None
         """Set while a graph capture is open: called by ``check`` with the name of the
@@ -146,12 +146,8 @@ class Channel:
         self._wake()
 
     def _inline_budget(self) -> bool:
-        """True while this loop iteration has spent less than the batch budget inline."""
-        now = time.perf_counter()
-        if not self._batch_end_scheduled:
-            self._inline_deadline = now + _BATCH_SECONDS
-            return True
-        return now < self._inline_deadline
+        """True while this loop iteration has run less than the batch budget inline."""
+        return self._inline_spent < _BATCH_SECONDS
 
     def _wake(self) -> None:
         wakeup = self._wakeup
@@ -160,6 +156,7 @@ class Channel:
             wakeup.set_result(None)
 
     def _run_inline(self, op: Op, args: tuple[Any, ...]) -> None:
+        start = time.perf_counter()
         try:
             if self._activate is not None:
                 self._activate()
@@ -170,14 +167,22 @@ class Channel:
         if pending is not None:  # it must wait (e.g. a compile): the actor takes over
             self._queue.append((_awaited, (pending,)))
             self._wake()
-        elif self._stop:
-            self._wake()  # let the sleeping actor see _stop and end
+        self._inline_spent += time.perf_counter() - start
+        self.ran_inline()
+
+    def ran_inline(self) -> None:
+        """End what ran inline, the channel's own commands or a server's one-call route
+        (:mod:`.cuda.fast`): the server's batch ends with the loop iteration, and a
+        stopping actor is woken to see ``_stop``."""
+        if self._stop:
+            self._wake()
         if not self._batch_end_scheduled:
             self._batch_end_scheduled = True
             self.loop.call_soon(self._end_inline_batch)
 
     def _end_inline_batch(self) -> None:
         self._batch_end_scheduled = False
+        self._inline_spent = 0.0
         if self.state is not State.DEAD:
             self._end_batch()
 

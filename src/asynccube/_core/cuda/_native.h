@@ -22,6 +22,14 @@ typedef void (*CUhostFn)(void *);
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
 #define CU_MEMORYTYPE_HOST 1
 #define NO_DRIVER (-1)
+#define CUDA_ERROR_NOT_READY 600
+
+/* Seconds on CLOCK_MONOTONIC (time.perf_counter's clock on Linux). */
+static inline double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 typedef struct {
     void *lib;

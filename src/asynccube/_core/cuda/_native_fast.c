@@ -16,8 +16,7 @@
 #include "_native_fast.h"
 
 static const char *name_text[N_COUNT] = {
-    "state", "guard", "_wakeup", "_queue", "_stop", "_batch_end_scheduled",
-    "_inline_deadline", "id", "binding", "x", "y", "z", "buffers", "tensor_maps", "scalars",
+    "state", "guard", "_wakeup", "_queue", "_stop", "_batch_end_scheduled", "id", "binding", "x", "y", "z", "buffers", "tensor_maps", "scalars",
     "metadata", "data", "size", "memory", "queue", "offset_start", "offset_end",
     "buffer_size", "stream", "value", "function", "shape", "checked", "grid_ok", "cursor",
     "enabled", "ty", "num", "length", "context", "_held", "ptr"};
@@ -108,13 +107,6 @@ int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o) {
     return 0;
 }
 
-static int set_float(PyObject *o, int name, double value) {
-    PyObject *v = PyFloat_FromDouble(value);
-    int rc = v == NULL ? -1 : PyObject_SetAttr(o, attr_names[name], v);
-    Py_XDECREF(v);
-    return rc;
-}
-
 /* Hold the raised exception for the stream, as Channel.hold does for _execute. */
 static int hold_raised(FastLaunch *f, PyObject *sid) {
     PyObject *type, *value, *tb;
@@ -190,39 +182,23 @@ static int run(FastLaunch *f, Plan *p) {
     return hold_raised(f, p->sid);
 }
 
-/* The end of Channel._run_inline: end the batch with the loop iteration; wake a
- * stopping actor. A launch taken here does not spend the channel's inline budget (the
- * 1 ms of Python-route commands run inline per loop iteration): its time is added to
- * the deadline, in one write once the deadline is near. */
-int after(FastLaunch *f, Refs *r, Plan *p, double t0) {
-    double now = now_s();
-    if (!p->scheduled) {
-        f->credit = 0.0;
-        if (set_float(f->channel, N_DEADLINE, now + 0.001) < 0 ||
-            PyObject_SetAttr(f->channel, attr_names[N_SCHEDULED], Py_True) < 0)
-            return -1;
-        PyObject *res = PyObject_CallOneArg(f->call_soon, f->end_batch);
+/* What Channel.ran_inline does (inlined: a Python call per launch would cost more than
+ * the rest of this): end the server's batch with the loop iteration; wake a stopping
+ * actor. A launch taken here does not count against the channel's inline budget. */
+int after(FastLaunch *f, Refs *r, Plan *p) {
+    PyObject *stop = get(r, f->channel, N_STOP);
+    int stopping = stop == NULL ? -1 : PyObject_IsTrue(stop);
+    if (stopping < 0) return -1;
+    if (stopping) {
+        PyObject *res = PyObject_CallNoArgs(f->wake);
         if (res == NULL) return -1;
         Py_DECREF(res);
-    } else {
-        f->credit += now - t0;
-        PyObject *d = get(r, f->channel, N_DEADLINE);
-        if (d == NULL) return -1;
-        double deadline = PyFloat_Check(d) ? PyFloat_AS_DOUBLE(d) : 0.0;
-        if (now + 0.0002 >= deadline) {
-            if (set_float(f->channel, N_DEADLINE, deadline + f->credit) < 0) return -1;
-            f->credit = 0.0;
-        }
     }
-    PyObject *stop = get(r, f->channel, N_STOP);
-    if (stop == NULL) return -1;
-    int stopping = PyObject_IsTrue(stop);
-    if (stopping > 0) {
-        PyObject *res = PyObject_CallNoArgs(f->wake);
-        Py_XDECREF(res);
-        return res == NULL ? -1 : 0;
-    }
-    return stopping;
+    if (p->scheduled) return 0;
+    if (PyObject_SetAttr(f->channel, attr_names[N_SCHEDULED], Py_True) < 0) return -1;
+    PyObject *res = PyObject_CallOneArg(f->call_soon, f->end_batch);
+    Py_XDECREF(res);
+    return res == NULL ? -1 : 0;
 }
 
 /* fast(kernel, count, bindings, mode) -> True (launched, or its error held) or False. */
@@ -236,14 +212,13 @@ static PyObject *fast_call(FastLaunch *f, PyObject *const *a, size_t nargsf, PyO
     r.n = 0; /* (not = {0}: that would clear every slot, a few hundred words, per call) */
     Plan p;
     memset(&p, 0, offsetof(Plan, mids)); /* the arrays are filled up to p.n */
-    double t0 = now_s();
     int ok = plan(f, &r, &p, a);
     PyObject *result = NULL;
     if (!ok) {
         PyErr_Clear(); /* the Python route meets (and raises) whatever stopped this one */
         f->declined++;
         result = Py_NewRef(Py_False);
-    } else if (commit(f, &p) == 0 && run(f, &p) == 0 && after(f, &r, &p, t0) == 0) {
+    } else if (commit(f, &p) == 0 && run(f, &p) == 0 && after(f, &r, &p) == 0) {
         f->hits++;
         result = Py_NewRef(Py_True);
     }

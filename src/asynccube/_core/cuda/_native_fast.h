@@ -8,7 +8,7 @@
 #define MAX_REFS (8 * MAX_BUFFERS + 32)
 
 enum {
-    N_STATE, N_GUARD, N_WAKEUP, N_QUEUE, N_STOP, N_SCHEDULED, N_DEADLINE, N_ID, N_BINDING,
+    N_STATE, N_GUARD, N_WAKEUP, N_QUEUE, N_STOP, N_SCHEDULED, N_ID, N_BINDING,
     N_X, N_Y, N_Z, N_BUFFERS, N_TMAPS, N_SCALARS, N_METADATA, N_DATA, N_SIZE, N_MEMORY,
     N_RQUEUE, N_OSTART, N_OEND, N_BSIZE, N_STREAM, N_VALUE, N_FUNCTION, N_SHAPE, N_CHECKED,
     N_GRID_OK, N_CURSOR, N_ENABLED, N_TY, N_NUM, N_LENGTH, N_CONTEXT, N_HELD, N_PTR, N_COUNT
@@ -38,7 +38,6 @@ typedef struct {
     PyObject *ms_obj;          /* the last metadata array and its size (an array held
                                 * here cannot be resized in place) */
     Py_ssize_t ms_val;
-    double credit; /* seconds of fast launches not yet given back to the channel's budget */
     /* read(): set by set_read() (NULL until then) */
     PyObject *handle_t, *binding_t, *small_reads, *later, *fail, *create_future;
     long small_max;
@@ -88,7 +87,6 @@ static inline PyObject *get(Refs *r, PyObject *o, int name) {
     return get_slow(r, o, name);
 }
 int as_long(PyObject *o, long *out);
-double now_s(void);
 
 /* Everything the launch of a[0..3] (kernel, count, bindings, mode) needs, or 0 (an
  * error may be set) when the Python route must take it; nothing is changed. */
@@ -100,7 +98,7 @@ int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item);
 
 /* _native_fast.c: the bookkeeping of a planned command and the end of an inline run. */
 int commit(FastLaunch *f, Plan *p);
-int after(FastLaunch *f, Refs *r, Plan *p, double t0);
+int after(FastLaunch *f, Refs *r, Plan *p);
 int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o);
 
 /* _native_read.c */

@@ -52,13 +52,6 @@ static void sp_after_fork_child(void) {
 }
 
 #define CU_EVENT_DISABLE_TIMING 2
-#define CUDA_ERROR_NOT_READY 600
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* Finish an item whose event completed (or failed, or timed out into a host function);
  * its context is current on the calling (spinning) thread. */

@@ -59,12 +59,6 @@ int as_long(PyObject *o, long *out) {
     return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
-double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts); /* time.perf_counter's clock on Linux */
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* The caller's StreamId when it owns one already (else 0: the Python route mints). */
 static int stream_of(FastLaunch *f, Refs *r, Plan *p) {
     PyObject *v;

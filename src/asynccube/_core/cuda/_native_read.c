@@ -15,7 +15,6 @@
 #include "_native_fast.h"
 
 #define SPIN_S 30e-6          /* as CompletionWatcher's sync_spin_seconds */
-#define CUDA_ERROR_NOT_READY 600
 #define KEEP_SPARE 4          /* as TransferOps._read_small's finish */
 
 PyObject *fast_set_read(PyObject *self, PyObject *args) {
@@ -109,7 +108,6 @@ PyObject *fast_read(PyObject *self, PyObject *item) {
     r.n = 0;
     Plan p;
     memset(&p, 0, offsetof(Plan, mids));
-    double t0 = now_s();
     PyObject *result = NULL, *spare = NULL, *n = NULL;
     int ok = plan_read(f, &r, &p, item);
     if (ok && (n = keep(&r, PyLong_FromLong(p.nbytes))) != NULL)
@@ -121,7 +119,7 @@ PyObject *fast_read(PyObject *self, PyObject *item) {
     } else {
         Py_INCREF(spare);
         if (keep(&r, spare) != NULL && commit(f, &p) == 0 &&
-            (result = issue(f, &r, &p, spare)) != NULL && after(f, &r, &p, t0) < 0)
+            (result = issue(f, &r, &p, spare)) != NULL && after(f, &r, &p) < 0)
             Py_CLEAR(result);
         if (result != NULL) f->hits++;
     }

@@ -25,7 +25,7 @@ _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 class _Plan:
     __slots__ = ("function", "grid", "meta", "mids", "nbytes", "pack", "ptrs", "scalar",
-                 "scheduled", "shape", "sid", "stream", "wrapper")  # fmt: skip
+                 "shape", "sid", "stream", "wrapper")  # fmt: skip
 
     function: Any
     grid: tuple[int, int, int]
@@ -35,7 +35,6 @@ class _Plan:
     pack: Any
     ptrs: list[int]
     scalar: Any
-    scheduled: bool
     shape: tuple[int, int, int, int]
     sid: Any
     stream: Any
@@ -47,7 +46,7 @@ class FastLaunch:
 
     __slots__ = (
         "_declined", "_hits", "addresses", "binding_t", "bindings_t", "call_soon",
-        "channel", "checked", "context", "count_t", "create_future", "credit",
+        "channel", "checked", "context", "count_t", "create_future",
         "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
         "handle_t", "hold", "kernel_t", "kernels", "last_use", "later", "loop",
         "max_streams", "mode_t", "on_loop", "open_state", "owned", "packs", "pinned",
@@ -70,7 +69,6 @@ class FastLaunch:
             raise InvalidArgument(f"max_streams must be in [1, 2**20], got {max_streams!r}")
         self.max_streams = max_streams
         self._hits = self._declined = 0
-        self.credit = 0.0
         self.small_reads: Any = None
 
     def set_read(self, handle_t: Any, binding_t: Any, small_reads: Any, small_max: int,
@@ -94,7 +92,6 @@ class FastLaunch:
         """A future of ``[bytes]`` for a small read of ``item``, or None (see fast.py)."""
         if self.small_reads is None:
             return None
-        t0 = time.perf_counter()
         try:
             p = self._plan_read(item)
             spare = None if p is None else self.small_reads.get(p.nbytes)
@@ -105,7 +102,7 @@ class FastLaunch:
             return None
         self._commit(p)
         fut = self._issue(p, spare)
-        self._after(p, t0)
+        self.channel.ran_inline()  # as _native_fast.c's after()
         self._hits += 1
         return fut
 
@@ -147,7 +144,6 @@ class FastLaunch:
         return self._hits, self._declined
 
     def __call__(self, kernel: Any, count: Any, bindings: Any, mode: Any) -> bool:
-        t0 = time.perf_counter()
         try:
             p = self._plan(kernel, count, bindings, mode)
         except Exception:  # the Python route meets (and raises) whatever stopped this one
@@ -157,7 +153,7 @@ class FastLaunch:
             return False
         self._commit(p)
         self._run(p, kernel)
-        self._after(p, t0)
+        self.channel.ran_inline()  # as _native_fast.c's after()
         self._hits += 1
         return True
 
@@ -199,7 +195,6 @@ class FastLaunch:
             return False
         if c._wakeup is None or len(c._queue) != 0 or c._stop is not False:
             return False
-        p.scheduled = c._batch_end_scheduled is True  # no 1 ms budget here (fast.py)
         if self.recorder.enabled is not False or not _need_driver_open():
             return False
         # as driver.set_current last made it on this thread (the route's activate())
@@ -299,23 +294,6 @@ class FastLaunch:
                 raise self.error_from(err, f"cuLaunchKernel({kernel.id})")
         except Exception as exc:
             self.hold(p.sid, exc)
-
-    def _after(self, p: _Plan, t0: float) -> None:
-        c = self.channel
-        now = time.perf_counter()
-        if not p.scheduled:
-            self.credit = 0.0
-            c._inline_deadline = now + 0.001
-            c._batch_end_scheduled = True
-            self.call_soon(self.end_batch)
-        else:  # a launch taken here does not spend the route's inline budget
-            self.credit += now - t0
-            deadline = c._inline_deadline
-            if now + 0.0002 >= deadline:
-                c._inline_deadline = deadline + self.credit
-                self.credit = 0.0
-        if c._stop:
-            self.wake()
 
 
 def _spin(stream: Any) -> int:

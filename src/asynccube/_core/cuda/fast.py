@@ -8,10 +8,10 @@ route does through ``ClientCore.execute`` -> ``Channel.send`` (run inline) ->
 without surprises:
 
 * the channel is open, called on its loop (asyncio's; under trio, the backend says),
-  no graph capture is open, and the actor is idle with nothing queued (unlike the
-  Python route's inline commands, past the channel's 1 ms budget too: a launch taken
-  here costs the caller about what queueing it would, and the caller holds the loop
-  either way, while a queued launch costs the actor its whole route again later);
+  no graph capture is open, and the actor is idle with nothing queued (the channel's
+  1 ms inline budget does not apply, nor does a launch taken here count against it: it
+  costs the caller about what queueing it would, and the caller holds the loop either
+  way, while a queued launch costs the actor its whole route again later);
 * the calling task's stream is found as ``StreamId.current()`` finds it (a task's first
   command calls it, to mint the stream; a stream's first operation creates it);
 * the device's context is current as ``driver.set_current`` last made it on this

@@ -61,18 +61,15 @@ class FastSync:
         c = self._channel
         fut: asyncio.Future[None] = c.loop.create_future()
         fut.set_result(None)
-        if not c._batch_end_scheduled:  # the end of an inline run, as Channel's
-            c._inline_deadline = time.perf_counter() + 0.001
-            c._batch_end_scheduled = True
-            c.loop.call_soon(c._end_inline_batch)
+        c.ran_inline()
         self.hits += 1
         return fut
 
     def _ready(self) -> bool:
         c = self._channel
-        if c.state is not self._open or c.guard is not None or c._wakeup is None:
+        if c.state is not self._open or c.guard is not None or not c.idle():
             return False
-        if c._queue or c._stop or c._held:
+        if c._stop or c._held:
             return False
         if _get_running_loop() is not c.loop and (self._on_loop is None or not self._on_loop()):
             return False
