@@ -19,7 +19,7 @@ NATIVE = Extension(
     "asynccube._core.cuda._native",
     sources=[
         f"src/asynccube/_core/cuda/_native{part}.c"
-        for part in ("", "_launch", "_copies", "_notify", "_fast", "_plan", "_read")
+        for part in ("", "_launch", "_copies", "_notify", "_fast", "_plan", "_read", "_alloc")
     ],
     depends=["src/asynccube/_core/cuda/_native.h", "src/asynccube/_core/cuda/_native_fast.h"],
     extra_compile_args=["-O2", "-std=c11", "-Wall", "-fvisibility=hidden"],

@@ -1,7 +1,8 @@
-"""The one-call launch route (``cuda/fast.py``), compiled and pure-Python twin, without a
-GPU: its argument checks here, and the client -> CudaServer scenarios of
-``fast_launch_scenario.py`` in a process of their own on the no-op driver of
-``benchmarks/bench_overhead.py`` (a GPU runs the same route in every CUDA test)."""
+"""The one-call routes (``cuda/fast.py``), compiled and pure-Python twin, without a
+GPU: their argument checks here, and the client -> CudaServer scenarios of
+``fast_launch_scenario.py`` (launches, reads, syncs) and ``fast_alloc_scenario.py``
+(allocations) in processes of their own on the no-op driver of
+``benchmarks/bench_overhead.py`` (a GPU runs the same routes in every CUDA test)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,16 @@ from asynccube._core.errors import InvalidArgument
 
 from .conftest import native_module
 
-SCENARIO = Path(__file__).with_name("fast_launch_scenario.py")
-NAMES = ("taken", "declined", "other_stream", "new_task", "launch_error", "foreign_handle",
-         "profiling", "read_taken", "read_declined", "read_error", "sync_taken",
-         "closed")  # fmt: skip
+SCENARIOS = {
+    "fast_launch_scenario.py": (
+        "taken", "declined", "other_stream", "new_task", "launch_error", "foreign_handle",
+        "profiling", "read_taken", "read_declined", "read_error", "sync_taken", "closed",
+    ),
+    "fast_alloc_scenario.py": (
+        "alloc_taken", "alloc_declined", "alloc_passed", "alloc_other_task", "alloc_create",
+        "alloc_errors",
+    ),
+}  # fmt: skip
 
 
 class _Closed:
@@ -58,7 +65,32 @@ def test_a_closed_channel_is_left_to_the_route(hot: Any) -> None:
         fast(1, 2, 3)
 
 
-def _run(env_twin: bool) -> subprocess.CompletedProcess[str]:
+def test_set_alloc_checks_its_arguments(hot: Any) -> None:
+    from collections import deque
+
+    from asynccube._core.slices import SliceHandle
+    from asynccube._core.types import Handle
+
+    fast = hot.FastLaunch(*_args())
+    assert fast.empty(1024) is None  # set_alloc not called: the route
+    good = [Handle, SliceHandle, iter(range(3)), {}, {}, deque(), {}, object(), {}, deque()]
+    with pytest.raises(InvalidArgument, match="set_alloc needs"):
+        fast.set_alloc(*good[:3], [], *good[4:], 1 << 20)  # a list, not the slice dict
+    with pytest.raises(InvalidArgument, match="size >= 0"):
+        fast.set_alloc(*good, -1)
+
+    class Plain:
+        pass
+
+    with pytest.raises(InvalidArgument, match="__slots__"):
+        fast.set_alloc(Plain, *good[1:], 1 << 20)
+    fast.set_alloc(*good, 1 << 20)
+    assert fast.empty(1024) is None  # the channel is closed: the route
+    assert fast.empty("1024") is None
+    assert tuple(fast.stats) == (0, 2)
+
+
+def _run(script: str, env_twin: bool) -> subprocess.CompletedProcess[str]:
     if shutil.which("cc") is None:
         pytest.skip("no C compiler (cc) to build the no-op libcuda.so.1")
     try:
@@ -71,25 +103,31 @@ def _run(env_twin: bool) -> subprocess.CompletedProcess[str]:
     env["ASYNCCUBE_NO_EXTENSIONS"] = "1" if env_twin else ""
     env["PYTHONPATH"] = os.pathsep.join([*sys.path, env.get("PYTHONPATH", "")])
     return subprocess.run(
-        [sys.executable, str(SCENARIO)], capture_output=True, text=True, env=env, timeout=110
+        [sys.executable, str(Path(__file__).with_name(script))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=110,
     )
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("twin", [False, True], ids=["native", "python"])
-def test_scenarios_on_the_client_path(twin: bool) -> None:
+@pytest.mark.parametrize("script", sorted(SCENARIOS))
+def test_scenarios_on_the_client_path(script: str, twin: bool) -> None:
     if not twin and native_module() is None:
         pytest.skip("the compiled extension is not built here (pip install . builds it)")
-    out = _run(twin)
+    out = _run(script, twin)
     assert out.returncode == 0, out.stdout + out.stderr
     path = "python" if twin else "native"
-    for name in NAMES:
+    for name in SCENARIOS[script]:
         assert f"ok {name} {path}" in out.stdout, out.stdout + out.stderr
 
 
-def test_the_scenarios_are_all_run() -> None:
-    source = SCENARIO.read_text()
-    assert sorted(NAMES) == sorted(
+@pytest.mark.parametrize("script", sorted(SCENARIOS))
+def test_the_scenarios_are_all_run(script: str) -> None:
+    source = Path(__file__).with_name(script).read_text()
+    assert sorted(SCENARIOS[script]) == sorted(
         line.split("(")[0].removeprefix("async def ")
         for line in source.splitlines()
         if line.startswith("async def ")

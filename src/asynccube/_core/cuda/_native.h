@@ -1,6 +1,7 @@
 /* asynccube._core.cuda._native: declarations shared by its parts (_native.c: module,
  * argument checks, driver loading; _native_launch.c: argument blocks and launches;
- * _native_copies.c: events, copies, pointers; _native_notify.c: completion pipes).
+ * _native_copies.c: events, copies, pointers; _native_notify.c: completion pipes;
+ * _native_fast.c, _native_plan.c, _native_read.c, _native_alloc.c: FastLaunch).
  * Built with -fvisibility=hidden: nothing but PyInit__native leaves the module. */
 #ifndef ASYNCCUBE_NATIVE_H
 #define ASYNCCUBE_NATIVE_H

@@ -19,7 +19,9 @@ static const char *name_text[N_COUNT] = {
     "state", "guard", "_wakeup", "_queue", "_stop", "_batch_end_scheduled", "id", "binding", "x", "y", "z", "buffers", "tensor_maps", "scalars",
     "metadata", "data", "size", "memory", "queue", "offset_start", "offset_end",
     "buffer_size", "stream", "value", "function", "shape", "checked", "grid_ok", "cursor",
-    "enabled", "ty", "num", "length", "context", "_held", "ptr"};
+    "enabled", "ty", "num", "length", "context", "_held", "ptr", "used", "pool", "done",
+    "_use_persistent", "_alloc_calls", "_next_check", "_limits", "_routes", "popleft", "remove",
+    "_periodic_cleanup"};
 PyObject *attr_names[N_COUNT];
 
 int fast_init_names(void) {
@@ -42,6 +44,9 @@ static int fast_traverse(FastLaunch *f, visitproc visit, void *arg) {
     Py_VISIT(f->later);
     Py_VISIT(f->fail);
     Py_VISIT(f->create_future);
+    PyObject *const alloc[9] = {f->token_t, f->ids, f->slices, f->failed, f->released,
+                                f->created_at, f->manager, f->mslices, f->pending};
+    for (int i = 0; i < 9; i++) Py_VISIT(alloc[i]);
     return 0;
 }
 
@@ -59,6 +64,9 @@ static int fast_clear(FastLaunch *f) {
     Py_CLEAR(f->later);
     Py_CLEAR(f->fail);
     Py_CLEAR(f->create_future);
+    PyObject **alloc[9] = {&f->token_t, &f->ids, &f->slices, &f->failed, &f->released,
+                           &f->created_at, &f->manager, &f->mslices, &f->pending};
+    for (int i = 0; i < 9; i++) Py_CLEAR(*alloc[i]);
     return 0;
 }
 
@@ -122,7 +130,7 @@ static int hold_raised(FastLaunch *f, PyObject *sid) {
 }
 
 /* Advance the stream's cursor and stamp every buffer as last used there. */
-int commit(FastLaunch *f, Plan *p) {
+int commit(FastLaunch *f, Refs *r, Plan *p) {
     PyObject *cursor = PyObject_GetAttr(p->wrapper, attr_names[N_CURSOR]);
     if (cursor == NULL) return -1;
     long value;
@@ -133,12 +141,11 @@ int commit(FastLaunch *f, Plan *p) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a stream cursor must be an int");
         return -1;
     }
-    PyObject *stamp = PyTuple_Pack(2, p->sid, next);
+    PyObject *stamp = p->stamp = keep(r, PyTuple_Pack(2, p->sid, next));
     int rc = stamp == NULL ? -1 : PyObject_SetAttr(p->wrapper, attr_names[N_CURSOR], next);
     for (Py_ssize_t i = 0; rc == 0 && i < p->n; i++)
         rc = PyDict_SetItem(f->last_use, p->mids[i], stamp);
     Py_DECREF(next);
-    Py_XDECREF(stamp);
     return rc;
 }
 
@@ -218,7 +225,7 @@ static PyObject *fast_call(FastLaunch *f, PyObject *const *a, size_t nargsf, PyO
         PyErr_Clear(); /* the Python route meets (and raises) whatever stopped this one */
         f->declined++;
         result = Py_NewRef(Py_False);
-    } else if (commit(f, &p) == 0 && run(f, &p) == 0 && after(f, &r, &p) == 0) {
+    } else if (commit(f, &r, &p) == 0 && run(f, &p) == 0 && after(f, &r, &p) == 0) {
         f->hits++;
         result = Py_NewRef(Py_True);
     }
@@ -242,6 +249,11 @@ static PyMethodDef fast_methods[] = {
      "read(item) -> a future of [bytes], or None: the Python route takes it (fast.py)"},
     {"set_read", fast_set_read, METH_VARARGS,
      "set_read(handle_t, binding_t, small_reads, small_max, later, fail, create_future)"},
+    {"empty", fast_empty, METH_O,
+     "empty(size) -> a new Handle over a dropped slice, or None: the route takes it"},
+    {"set_alloc", fast_set_alloc, METH_VARARGS,
+     "set_alloc(handle_t, token_t, ids, slices, failed, released, created_at, manager, "
+     "mslices, pending, max_alloc)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,5 +1,6 @@
-/* asynccube._core.cuda._native: what FastLaunch's two parts share (_native_fast.c: the
- * type, the bookkeeping and the launch; _native_plan.c: finding what a launch needs). */
+/* asynccube._core.cuda._native: what FastLaunch's parts share (_native_fast.c: the
+ * type, the bookkeeping and the launch; _native_plan.c: finding what a launch needs;
+ * _native_read.c: small reads; _native_alloc.c: pool hits). */
 #ifndef ASYNCCUBE_NATIVE_FAST_H
 #define ASYNCCUBE_NATIVE_FAST_H
 #include "_native.h"
@@ -11,7 +12,10 @@ enum {
     N_STATE, N_GUARD, N_WAKEUP, N_QUEUE, N_STOP, N_SCHEDULED, N_ID, N_BINDING,
     N_X, N_Y, N_Z, N_BUFFERS, N_TMAPS, N_SCALARS, N_METADATA, N_DATA, N_SIZE, N_MEMORY,
     N_RQUEUE, N_OSTART, N_OEND, N_BSIZE, N_STREAM, N_VALUE, N_FUNCTION, N_SHAPE, N_CHECKED,
-    N_GRID_OK, N_CURSOR, N_ENABLED, N_TY, N_NUM, N_LENGTH, N_CONTEXT, N_HELD, N_PTR, N_COUNT
+    N_GRID_OK, N_CURSOR, N_ENABLED, N_TY, N_NUM, N_LENGTH, N_CONTEXT, N_HELD, N_PTR, N_USED,
+    N_POOL, N_DONE, N_USE_PERSISTENT, N_ALLOC_CALLS, N_NEXT_CHECK, N_LIMITS, N_ROUTES, N_POPLEFT, N_REMOVE,
+    N_PERIODIC,
+    N_COUNT
 };
 extern PyObject *attr_names[N_COUNT]; /* interned attribute names, by N_* */
 
@@ -41,6 +45,13 @@ typedef struct {
     /* read(): set by set_read() (NULL until then) */
     PyObject *handle_t, *binding_t, *small_reads, *later, *fail, *create_future;
     long small_max;
+    /* empty(): set by set_alloc() (NULL until then); the slot offsets of Handle's
+     * (memory, offset_start, offset_end, stream, cursor, buffer_size) and of the slice
+     * token's (id, queue): fixed for a type's lifetime */
+    PyObject *token_t, *ids, *slices, *failed, *released, *created_at, *manager, *mslices;
+    PyObject *pending;
+    long max_alloc;
+    Py_ssize_t h_off[6], t_off[2];
     unsigned sh_val[4], go_val[3];
     unsigned long long fn_val, st_val;
     unsigned long long hits, declined;
@@ -57,6 +68,7 @@ typedef struct {
     Py_ssize_t n, meta_size;
     unsigned grid[3], shape[4];
     int scheduled;
+    PyObject *stamp; /* commit(): (sid, the new cursor), owned by the call's Refs */
     long nbytes; /* plan_read: the bytes the binding covers */
     PyObject *mids[MAX_BUFFERS]; /* the arrays last: filled up to n, not cleared */
     unsigned long long ptrs[MAX_BUFFERS];
@@ -96,13 +108,24 @@ int plan(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a);
  * address, size (p->nbytes), stream slot; 0 when the Python route must take it. */
 int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item);
 
+/* Parts of plan() that empty() shares: the channel ready, the caller's stream, and the
+ * wrapper of stream slot `own` (created on first use); each 0 when the route must act. */
+int channel_ready(FastLaunch *f, Refs *r, Plan *p);
+int stream_of(FastLaunch *f, Refs *r, Plan *p);
+int wrapper_of(FastLaunch *f, Refs *r, Plan *p, long own);
+Py_ssize_t member_offset(PyTypeObject *t, PyObject *name);
+
 /* _native_fast.c: the bookkeeping of a planned command and the end of an inline run. */
-int commit(FastLaunch *f, Plan *p);
+int commit(FastLaunch *f, Refs *r, Plan *p);
 int after(FastLaunch *f, Refs *r, Plan *p);
 int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o);
 
 /* _native_read.c */
 PyObject *fast_read(PyObject *self, PyObject *item);
 PyObject *fast_set_read(PyObject *self, PyObject *args);
+
+/* _native_alloc.c */
+PyObject *fast_empty(PyObject *self, PyObject *size);
+PyObject *fast_set_alloc(PyObject *self, PyObject *args);
 
 #endif

@@ -18,7 +18,7 @@ PyObject *keep(Refs *r, PyObject *o) {
 
 SlotCache slot_cache[N_COUNT][2];
 
-static Py_ssize_t member_offset(PyTypeObject *t, PyObject *name) {
+Py_ssize_t member_offset(PyTypeObject *t, PyObject *name) {
     if (t->tp_getattro != PyObject_GenericGetAttr || t->tp_mro == NULL) return -1;
     PyObject *mro = t->tp_mro;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
@@ -38,7 +38,9 @@ static Py_ssize_t member_offset(PyTypeObject *t, PyObject *name) {
 PyObject *get_slow(Refs *r, PyObject *o, int name) {
     PyTypeObject *t = Py_TYPE(o);
     SlotCache *c = slot_cache[name], *e = NULL;
-    if (c[1].type == t && c[1].tag == t->tp_version_tag) {
+    if (c[0].type == t && c[0].tag == t->tp_version_tag) {
+        e = &c[0]; /* a type without the slot (get() reads only positive offsets) */
+    } else if (c[1].type == t && c[1].tag == t->tp_version_tag) {
         e = &c[1];
     } else if (PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) && t->tp_version_tag != 0) {
         e = c[0].type == NULL || c[0].type == t ? &c[0] : &c[1];
@@ -60,7 +62,7 @@ int as_long(PyObject *o, long *out) {
 }
 
 /* The caller's StreamId when it owns one already (else 0: the Python route mints). */
-static int stream_of(FastLaunch *f, Refs *r, Plan *p) {
+int stream_of(FastLaunch *f, Refs *r, Plan *p) {
     PyObject *v;
     if (PyContextVar_Get(f->pinned, NULL, &v) < 0 || keep(r, v) == NULL) return 0;
     if (v != Py_None) return (p->sid = v) != NULL;
@@ -84,7 +86,7 @@ static int stream_of(FastLaunch *f, Refs *r, Plan *p) {
  * Unlike a command of the Python route, a launch taken here runs inline past the
  * channel's 1 ms budget: it costs the caller about what queueing it would (the caller
  * holds the loop either way), and the actor would only spend more on it later. */
-static int channel_ready(FastLaunch *f, Refs *r, Plan *p) {
+int channel_ready(FastLaunch *f, Refs *r, Plan *p) {
     PyObject *c = f->channel, *o;
     if ((o = get(r, c, N_STATE)) == NULL || o != f->open_state) return 0;
     if ((o = get(r, c, N_GUARD)) == NULL || o != Py_None) return 0;
@@ -229,11 +231,15 @@ static int own_slot(FastLaunch *f, Refs *r, Plan *p, PyObject *buffers, long *ow
             return 0;
         if (((v % m) + m) % m != *own) return 0;
     }
-    if (*own >= PyList_GET_SIZE(f->slots)) return 0;
-    p->wrapper = PyList_GET_ITEM(f->slots, *own);
+    return wrapper_of(f, r, p, *own);
+}
+
+int wrapper_of(FastLaunch *f, Refs *r, Plan *p, long own) {
+    if (own >= PyList_GET_SIZE(f->slots)) return 0;
+    p->wrapper = PyList_GET_ITEM(f->slots, own);
     if (p->wrapper != Py_None) return 1;
     /* The stream's first operation: StreamPool.get_index creates it, as resolve would. */
-    PyObject *index = keep(r, PyLong_FromLong(*own));
+    PyObject *index = keep(r, PyLong_FromLong(own));
     p->wrapper = index == NULL ? NULL : keep(r, PyObject_CallOneArg(f->get_index, index));
     return p->wrapper != NULL && p->wrapper != Py_None;
 }

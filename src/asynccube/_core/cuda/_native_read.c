@@ -118,7 +118,7 @@ PyObject *fast_read(PyObject *self, PyObject *item) {
         result = Py_NewRef(Py_None);
     } else {
         Py_INCREF(spare);
-        if (keep(&r, spare) != NULL && commit(f, &p) == 0 &&
+        if (keep(&r, spare) != NULL && commit(f, &r, &p) == 0 &&
             (result = issue(f, &r, &p, spare)) != NULL && after(f, &r, &p) < 0)
             Py_CLEAR(result);
         if (result != NULL) f->hits++;

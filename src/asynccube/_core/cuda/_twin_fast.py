@@ -12,6 +12,7 @@ import ctypes
 import time
 from typing import Any
 
+from ._twin_alloc import AllocPart
 from ._twin_args import _need_driver
 from ._twin_args import state as _driver
 from ._twin_launch import launch
@@ -41,7 +42,7 @@ class _Plan:
     wrapper: Any
 
 
-class FastLaunch:
+class FastLaunch(AllocPart):
     """``FastLaunch(...)(kernel, count, bindings, mode) -> bool`` (see :mod:`.fast`)."""
 
     __slots__ = (
@@ -52,7 +53,7 @@ class FastLaunch:
         "max_streams", "mode_t", "on_loop", "open_state", "owned", "packs", "pinned",
         "recorder", "slots", "small_max", "small_reads", "table", "task_arg", "task_fn",
         "tls", "wake",
-    )  # fmt: skip  # fmt: skip
+    )  # fmt: skip
 
     def __init__(self, *args: Any) -> None:
         from ..errors import InvalidArgument
@@ -264,17 +265,25 @@ class FastLaunch:
             origin = last_use.get(mid)
             if (b.stream if origin is None else origin[0]).value % m != own:
                 return False
+        return self._wrapper_of(p, own)
+
+    def _wrapper_of(self, p: _Plan, own: int) -> bool:
         p.wrapper = self.slots[own]
         if p.wrapper is None:  # the stream's first operation: created as resolve would
             p.wrapper = self.get_index(own)
         return p.wrapper is not None
 
-    def _commit(self, p: _Plan) -> None:
+    @staticmethod
+    def _new_plan() -> _Plan:
+        return _Plan()
+
+    def _commit(self, p: _Plan) -> tuple[Any, int]:
         cursor = p.wrapper.cursor = p.wrapper.cursor + 1
         stamp = (p.sid, cursor)
         last_use = self.last_use
         for mid in p.mids:
             last_use[mid] = stamp
+        return stamp
 
     def _run(self, p: _Plan, kernel: Any) -> None:
         gx, gy, gz = p.grid

@@ -37,6 +37,17 @@ is kept after the route's first read of the size). It queues the copy and polls 
 stream for up to 30 µs, as the completion watcher's first spin does: a short read's
 future is resolved before it is returned, so awaiting it does not suspend; a longer one
 is handed to the watcher (:func:`_read_later`). None: the route takes the read.
+
+``fast.empty(size)`` (``_native_alloc.c``, twin ``_twin_alloc.py``) takes
+``client.empty(size)`` (and ``create``'s allocation) on the same channel conditions when
+a slice of exactly ``size`` requested bytes, in the pool a reservation of ``size`` goes
+to, is there to take: one dropped since the server's last collection (every dropped
+one free at once, as ``_forget`` decides), or one pending in the memory manager (let go
+of by the server, not yet back in its pool). The route would hand such slices back and
+reserve again; here the slice goes to the new handle, minted and stamped as ``create``
+stamps it, and the manager's periodic cleanup runs when due, as in ``reserve``. None:
+the route takes it (the persistent mode, a size that is not exactly an int, a dropped
+slice the device may still use, or no slice that fits).
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 from .. import stream_id
 from ..bindings import Bindings, CubeCount
 from ..kernel import Kernel
+from ..slices import SliceHandle
 from ..stream_id import StreamId
 from ..types import Binding, ExecutionMode, Handle
 from . import driver
@@ -91,6 +103,12 @@ def fast_launch(server: CudaServer, channel: Channel) -> FastLaunch:
     later = functools.partial(_read_later, server, channel)
     fast.set_read(Handle, Binding, server._small_reads, SMALL_READ, later, channel._fail,
                   loop.create_future)  # fmt: skip
+    table, memory = server._table, server._memory
+    fast.set_alloc(
+        Handle, SliceHandle, table._ids, table._slices, table.failed, table.queue._queue,
+        server._created_at, memory, memory._slices, memory.queue._queue,
+        server.properties.max_allocation,
+    )  # fmt: skip
     return fast
 
 

@@ -97,6 +97,13 @@ class MemoryManagement(Generic[R]):
         alignment: The storage's alignment.
     """
 
+    __slots__ = (
+        "_alloc_calls", "_cache_ratio", "_cap", "_first_limit", "_first_pool", "_limits",
+        "_next_check", "_pending", "_persistent_depth", "_routes", "_slices", "_tick",
+        "_use_persistent", "alignment", "before_grow", "closed", "config", "max_allocation",
+        "persistent_pool", "pools", "queue", "storage",
+    )  # fmt: skip
+
     def __init__(
         self, storage: ComputeStorage[R], config: MemoryConfig | None = None, *, owner_id: int
     ) -> None:
