@@ -10,13 +10,12 @@ tests/fast_alloc_scenario.py NAME``; prints ``ok NAME`` or raises.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
-from fast_launch_scenario import ACTIVE, ADD, N, Setup, U, ac
+from fast_launch_scenario import ADD, N, Setup, U, ac, main
 
 SIZE = 4 * N  # the add kernel's buffers
 
@@ -209,12 +208,5 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
 }
 
 
-def main() -> None:
-    """Run the scenarios named on the command line (all without one)."""
-    for name in sys.argv[1:] or list(SCENARIOS):
-        asyncio.run(SCENARIOS[name]())
-        print("ok", name, ACTIVE)
-
-
 if __name__ == "__main__":
-    main()
+    main(SCENARIOS)

@@ -322,10 +322,10 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
 SCENARIOS["closed"] = closed
 
 
-def main() -> None:
+def main(scenarios: dict[str, Callable[[], Awaitable[None]]] = SCENARIOS) -> None:
     """Run the scenarios named on the command line (all without one)."""
-    for name in sys.argv[1:] or list(SCENARIOS):
-        asyncio.run(SCENARIOS[name]())
+    for name in sys.argv[1:] or list(scenarios):
+        asyncio.run(scenarios[name]())
         print("ok", name, ACTIVE)
 
 
