@@ -11,25 +11,34 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AllocPart"]
+from ..errors import InvalidArgument
+
+__all__ = ["Allocator"]
 
 _MAX_RELEASED = 16  # more dropped at once: the route drains them
 _MAX_PENDING = 64  # more pending in the manager: the route releases them
+_HANDLE_SLOTS = ("memory", "offset_start", "offset_end", "stream", "cursor", "buffer_size")
 
 
-class AllocPart:
-    """``FastLaunch``'s ``set_alloc`` and ``empty`` (a base of the twin's FastLaunch)."""
+class _Plan:
+    __slots__ = ("ids", "launch", "match", "pending")
 
-    __slots__ = ("_alloc",)
+    def __init__(self, launch: Any, ids: tuple[int, ...]) -> None:
+        self.launch, self.ids = launch, ids
+        self.match = -1
+        self.pending: int | None = None
 
-    _alloc: Any
 
-    def set_alloc(self, handle_t: Any, token_t: Any, ids: Any, slices: Any, failed: Any,
-                  released: Any, created_at: Any, manager: Any, mslices: Any, pending: Any,
-                  max_alloc: int) -> None:  # fmt: skip
-        """What :meth:`empty` needs (see ``_native_alloc.c``)."""
-        from ..errors import InvalidArgument
+class Allocator:
+    """What the twin's ``FastLaunch.set_alloc`` takes (its argument checks are the C
+    module's), and ``empty``, run for that FastLaunch."""
 
+    __slots__ = ("created_at", "failed", "handle_t", "ids", "manager", "max_alloc",
+                 "mslices", "pending", "released", "slices", "token_t")  # fmt: skip
+
+    def __init__(self, handle_t: Any, token_t: Any, ids: Any, slices: Any, failed: Any,
+                 released: Any, created_at: Any, manager: Any, mslices: Any, pending: Any,
+                 max_alloc: int) -> None:  # fmt: skip
         dicts = (slices, failed, created_at, mslices)
         if (
             not (isinstance(handle_t, type) and isinstance(token_t, type))
@@ -42,16 +51,15 @@ class AllocPart:
             missing = [n for n in names if n not in _slots_of(t)]
             if missing:
                 raise InvalidArgument(f"{t!r} must keep {missing[0]!r} in __slots__")
-        self._alloc = (handle_t, token_t, ids, slices, failed, released, created_at, manager,
-                       mslices, pending, max_alloc)  # fmt: skip
+        self.handle_t, self.token_t, self.ids, self.slices = handle_t, token_t, ids, slices
+        self.failed, self.released, self.created_at = failed, released, created_at
+        self.manager, self.mslices, self.pending = manager, mslices, pending
+        self.max_alloc = max_alloc
 
-    def empty(self, size: Any) -> Any:
+    def empty(self, fast: Any, size: Any) -> Any:
         """A new Handle over a dropped slice of ``size`` bytes, or None (see fast.py)."""
-        fast: Any = self
-        if getattr(self, "_alloc", None) is None:
-            return None
         try:
-            plan = self._plan_alloc(fast, size)
+            plan = self._plan(fast, size)
         except Exception:  # the Python route meets (and raises) whatever stopped this one
             plan = None
         if plan is None:
@@ -62,35 +70,32 @@ class AllocPart:
         fast._hits += 1
         return handle
 
-    def _plan_alloc(self, fast: Any, size: Any) -> tuple[Any, ...] | None:
-        max_alloc = self._alloc[10]
-        if type(size) is not int or not 0 < size <= max_alloc:
+    def _plan(self, fast: Any, size: Any) -> _Plan | None:
+        if type(size) is not int or not 0 < size <= self.max_alloc:
             return None
         p = fast._new_plan()
         if not fast._channel_ready(p) or not fast._stream_of(p):
             return None
-        pool = self._manager_ready(size)
-        ids = tuple(self._alloc[5])
-        if pool is None or len(ids) > _MAX_RELEASED:
+        pool = self._pool_for(size)
+        plan = _Plan(p, tuple(self.released))
+        if pool is None or len(plan.ids) > _MAX_RELEASED:
             return None
-        match, pending = -1, None
-        for i, sid in enumerate(ids):
+        for i, sid in enumerate(plan.ids):
             if not self._free_at_once(fast, sid):
                 return None
-            if match < 0 and self._fits(sid, size, pool):
-                match = i
-        if match < 0:
-            pending = self._pending_fit(size, pool)
-        if (match < 0 and pending is None) or not fast._wrapper_of(
-            p, p.sid.value % fast.max_streams
-        ):
+            if plan.match < 0 and self._fits(sid, size, pool):
+                plan.match = i
+        if plan.match < 0:
+            plan.pending = self._pending_fit(size, pool)
+        if plan.match < 0 and plan.pending is None:
             return None
-        return p, ids, match, pending
+        return plan if fast._wrapper_of(p, p.sid.value % fast.max_streams) else None
 
-    def _manager_ready(self, size: int) -> Any:
-        m = self._alloc[7]
+    def _pool_for(self, size: int) -> Any:
+        """The pool a reservation of ``size`` goes to (None: the persistent mode)."""
+        m = self.manager
         if m._use_persistent is not False:
-            return None  # the persistent mode: the route reserves
+            return None
         for limit, pool in zip(m._limits, m._routes, strict=True):
             if limit >= size:
                 return pool
@@ -100,58 +105,60 @@ class AllocPart:
         last = fast.last_use.get(sid)
         if last is None:
             return True
-        created = self._alloc[6].get(sid)
+        created = self.created_at.get(sid)
         if created is last or (created is not None and last == created):
             return True
         wrapper = fast.slots[last[0].value % fast.max_streams]
         return wrapper is not None and wrapper.done >= last[1]
 
     def _fits(self, sid: int, size: int, pool: Any) -> bool:
-        memory = self._alloc[3].get(sid)  # a pool slice's token, not an imported owner
-        return type(memory) is self._alloc[1] and self._slice_fits(memory.id, size, pool)
+        memory = self.slices.get(sid)
+        if type(memory) is not self.token_t:
+            return False  # an imported buffer's owner stands there too: never reused
+        token: Any = memory
+        return self._slice_fits(token.id, size, pool)
 
     def _slice_fits(self, slice_id: int, size: int, pool: Any) -> bool:
-        sl = self._alloc[8].get(slice_id)
+        sl = self.mslices.get(slice_id)
         return sl is not None and sl.used == size and sl.pool is pool
 
     def _pending_fit(self, size: int, pool: Any) -> int | None:
-        pending = tuple(self._alloc[9])
+        pending = tuple(self.pending)
         if not 0 < len(pending) <= _MAX_PENDING:
             return None
         return next((i for i in pending if self._slice_fits(i, size, pool)), None)
 
-    def _mint(self, fast: Any, plan: tuple[Any, ...], size: int) -> Any:
-        p, ids, match, pending = plan
-        handle_t, token_t, id_iter, slices, failed, released, created_at, manager = self._alloc[:8]
-        memory = entry = None
-        for i, sid in enumerate(ids):
-            released.popleft()  # a thread may append meanwhile: not clear()
-            mem = slices.pop(sid, None)
+    def _mint(self, fast: Any, plan: _Plan, size: int) -> Any:
+        memory: Any = None
+        entry: Any = None
+        for i, sid in enumerate(plan.ids):
+            self.released.popleft()  # a thread may append meanwhile: not clear()
+            mem = self.slices.pop(sid, None)
             ent = fast.addresses.pop(sid, None)
-            if failed:
-                failed.pop(sid, None)
+            if self.failed:
+                self.failed.pop(sid, None)
             fast.last_use.pop(sid, None)
-            created_at.pop(sid, None)
-            if i == match:
+            self.created_at.pop(sid, None)
+            if i == plan.match:
                 memory, entry = mem, ent
-        if pending is not None:  # reserved again under a new token
-            self._alloc[9].remove(pending)
-            memory = token_t(pending, manager.queue)
+        manager = self.manager
+        if plan.pending is not None:  # reserved again under a new token
+            self.pending.remove(plan.pending)
+            memory = self.token_t(plan.pending, manager.queue)
+        p = plan.launch
         p.mids = []
         stamp = fast._commit(p)
-        new_id = next(id_iter)
-        handle = handle_t(token_t(new_id, fast.table.queue), None, None, p.sid, stamp[1], size)
-        slices[new_id] = memory
+        new_id = next(self.ids)
+        token = self.token_t(new_id, fast.table.queue)
+        handle = self.handle_t(token, None, None, p.sid, stamp[1], size)
+        self.slices[new_id] = memory
         if entry is not None:
             fast.addresses[new_id] = entry
-        fast.last_use[new_id] = created_at[new_id] = stamp
+        fast.last_use[new_id] = self.created_at[new_id] = stamp
         n = manager._alloc_calls = manager._alloc_calls + 1
         if n >= manager._next_check:  # as reserve: every tick's calls, the pools' policy
             manager._periodic_cleanup(n)
         return handle
-
-
-_HANDLE_SLOTS = ("memory", "offset_start", "offset_end", "stream", "cursor", "buffer_size")
 
 
 def _slots_of(t: type) -> set[str]:

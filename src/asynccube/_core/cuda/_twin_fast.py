@@ -12,7 +12,7 @@ import ctypes
 import time
 from typing import Any
 
-from ._twin_alloc import AllocPart
+from ._twin_alloc import Allocator
 from ._twin_args import _need_driver
 from ._twin_args import state as _driver
 from ._twin_launch import launch
@@ -42,11 +42,11 @@ class _Plan:
     wrapper: Any
 
 
-class FastLaunch(AllocPart):
+class FastLaunch:
     """``FastLaunch(...)(kernel, count, bindings, mode) -> bool`` (see :mod:`.fast`)."""
 
     __slots__ = (
-        "_declined", "_hits", "addresses", "binding_t", "bindings_t", "call_soon",
+        "_allocator", "_declined", "_hits", "addresses", "binding_t", "bindings_t", "call_soon",
         "channel", "checked", "context", "count_t", "create_future",
         "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
         "handle_t", "hold", "kernel_t", "kernels", "last_use", "later", "loop",
@@ -71,6 +71,16 @@ class FastLaunch(AllocPart):
         self.max_streams = max_streams
         self._hits = self._declined = 0
         self.small_reads: Any = None
+        self._allocator: Allocator | None = None
+
+    def set_alloc(self, *args: Any) -> None:
+        """What :meth:`empty` needs (see ``_native_alloc.c``)."""
+        self._allocator = Allocator(*args)
+
+    def empty(self, size: Any) -> Any:
+        """A new Handle over a dropped slice of ``size`` bytes, or None (see fast.py)."""
+        allocator = self._allocator
+        return None if allocator is None else allocator.empty(self, size)
 
     def set_read(self, handle_t: Any, binding_t: Any, small_reads: Any, small_max: int,
                  later: Any, fail: Any, create_future: Any) -> None:  # fmt: skip
