@@ -1,7 +1,8 @@
-"""Build the optional compiled hot path (``asynccube._core.cuda._native``).
+"""Build the optional compiled hot path (``asynccube._core.cuda._native``) and slice token
+(``asynccube._core._native_slices``).
 
 Everything else is declared in ``pyproject.toml``. The extension needs only a C compiler
-and Python's headers (no CUDA toolkit: the driver is opened at run time). If it cannot be
+and Python's headers (no CUDA toolkit: the driver is opened at run time). If one cannot be
 built, installation goes on without it, with a warning, and asynccube uses its
 pure-Python twin (``python -m asynccube info`` says which path is active).
 """
@@ -24,6 +25,12 @@ NATIVE = Extension(
     depends=["src/asynccube/_core/cuda/_native.h", "src/asynccube/_core/cuda/_native_fast.h"],
     extra_compile_args=["-O2", "-std=c11", "-Wall", "-fvisibility=hidden"],
     libraries=["dl", "pthread"],
+    optional=True,
+)
+TOKEN = Extension(
+    "asynccube._core._native_slices",
+    sources=["src/asynccube/_core/_native_slices.c"],
+    extra_compile_args=["-O2", "-std=c11", "-Wall", "-fvisibility=hidden"],
     optional=True,
 )
 
@@ -55,6 +62,6 @@ class OptionalBuildExt(build_ext):
 
 skip = os.environ.get("ASYNCCUBE_NO_EXTENSIONS", "") not in ("", "0")
 setup(
-    ext_modules=[] if skip or not sys.platform.startswith("linux") else [NATIVE],
+    ext_modules=[] if skip or not sys.platform.startswith("linux") else [NATIVE, TOKEN],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -10,17 +10,22 @@ one task x 4000, and the loop while awaiting a 1 s kernel.
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _floor import ExtensionFloor, FloorProgram
 
 from asynccube._core.cuda.driver import check, cu
 from asynccube._core.cuda.storage import PinnedPool
 
 MiB = 1 << 20
+ROUNDS = int(os.environ.get("ASYNCCUBE_BENCH_ROUNDS", "5"))
+"""Rounds of execute and of ``empty`` + drop, each beside its peer (paired ratios)."""
 
 
 def med(xs: list[float]) -> float:
@@ -54,8 +59,74 @@ def _kernels() -> tuple[Any, Any, Any]:
     return add, spin, empty
 
 
-async def client_figures(out: dict[str, Any]) -> None:
-    """asynccube's figures on the running loop, into ``out``."""
+_gc_spent = [0.0]
+"""Seconds the cyclic garbage collector has run in this process (see :func:`_gc_timer`)."""
+_gc_started = [0.0]
+
+
+def _gc_timer(phase: str, info: dict[str, Any]) -> None:
+    if phase == "start":
+        _gc_started[0] = time.perf_counter()
+    else:
+        _gc_spent[0] += time.perf_counter() - _gc_started[0]
+
+
+gc.callbacks.append(_gc_timer)
+
+
+async def _execute_best(
+    client: Any, kernel: Any, count: Any, bindings: Any, mode: Any, reps: int
+) -> tuple[float, float]:
+    """(enqueue, total) µs per launch: the best of 3 rounds of ``reps`` launches."""
+    best = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            client.execute(kernel, count, bindings, mode)
+        t1 = time.perf_counter()
+        await client.sync()
+        t2 = time.perf_counter()
+        best.append(((t1 - t0) / reps * 1e6, (t2 - t0) / reps * 1e6))
+    return min(best)
+
+
+class Beside:
+    """The peers measured again beside each round of asynccube's own, so that a ratio is
+    taken between figures of the same moment (this machine's speed drifts by 20-30%
+    within seconds): the launch floors and cuda.bindings' alloc + free."""
+
+    def __init__(self, g: Any) -> None:
+        self.g = g
+        self.program = FloorProgram(g.cubin)
+        self.ext = ExtensionFloor(g.cubin)
+
+    def floors(self) -> dict[str, float | None]:
+        """The launch floors now (µs; None where one cannot run): the C loop program
+        (its own process), the same C loop run in this process, and one C-extension
+        call per launch from Python."""
+        v = self.program.run().get("c_launch_add4_us")
+        return {
+            "c_floor_us": float(v) if v is not None else None,
+            "c_loop_here_us": self.ext.loop(),
+            "ext_call_us": self.ext.call(),
+        }
+
+    def raw_alloc(self, reps: int = 20000) -> float:
+        """cuda.bindings' cuMemAllocAsync + cuMemFreeAsync of 1 MiB, µs, now (the primary
+        context, which the client's server keeps current on this thread)."""
+        d, s = cu(), self.g.stream
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            p = check(d.cuMemAllocAsync(MiB, s))
+            check(d.cuMemFreeAsync(p, s))
+        us = (time.perf_counter() - t0) / reps * 1e6
+        check(d.cuStreamSynchronize(s))
+        return us
+
+
+async def client_figures(out: dict[str, Any], beside: Beside | None = None) -> None:
+    """asynccube's figures on the running loop, into ``out`` (with ``beside``: execute
+    and ``empty`` + drop in :data:`ROUNDS` rounds, each beside its peer's)."""
     import asynccube as ac
 
     add, spin, empty = _kernels()
@@ -70,7 +141,7 @@ async def client_figures(out: dict[str, Any]) -> None:
             .with_scalar(np.uint32, [n])
         )
         count = ac.CubeCount(n // 256)
-        unchecked = ac.ExecutionMode.UNCHECKED
+        unchecked, checked = ac.ExecutionMode.UNCHECKED, ac.ExecutionMode.CHECKED
         for k in (add, spin, empty):
             client.execute(
                 k,
@@ -81,19 +152,22 @@ async def client_figures(out: dict[str, Any]) -> None:
             )
         await client.sync()
         reps = 20000
-        for mode_name, mode in (("checked", ac.ExecutionMode.CHECKED), ("unchecked", unchecked)):
-            best = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    client.execute(add, count, bindings, mode)
-                t1 = time.perf_counter()
-                await client.sync()
-                t2 = time.perf_counter()
-                best.append(((t1 - t0) / reps * 1e6, (t2 - t0) / reps * 1e6))
-            enq, total = min(best)
+        rounds = []
+        for k in range(ROUNDS):  # each round beside its own floors, the order alternated
+            floors = beside.floors() if beside is not None and k % 2 == 0 else {}
+            un = await _execute_best(client, add, count, bindings, unchecked, reps)
+            ck = await _execute_best(client, add, count, bindings, checked, reps)
+            if beside is not None and k % 2 == 1:
+                floors = beside.floors()
+            rounds.append({"unchecked": un, "checked": ck, "floors": floors})
+        for mode_name in ("checked", "unchecked"):
+            enq, total = min(r[mode_name] for r in rounds)
             out[f"execute_{mode_name}_enqueue_us"] = enq
             out[f"execute_{mode_name}_us"] = total
+        out["execute_rounds"] = [
+            {"unchecked_us": r["unchecked"][1], "checked_us": r["checked"][1], **r["floors"]}
+            for r in rounds
+        ]
         # read 1 KiB round trip
         h = client.create(bytes(1024))
         for _ in range(200):
@@ -158,12 +232,22 @@ async def client_figures(out: dict[str, Any]) -> None:
             client.empty(MiB)
         await client.memory_usage()
         reps = 20000
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            hh = client.empty(MiB)
-            del hh
-        await client.memory_usage()
-        out["alloc_free_1MiB_us"] = (time.perf_counter() - t0) / reps * 1e6
+        rounds_al = []
+        for k in range(ROUNDS):  # each round beside cuda.bindings' alloc + free
+            raw = beside.raw_alloc() if beside is not None and k % 2 == 0 else None
+            gc_before = _gc_spent[0]
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                hh = client.empty(MiB)
+                del hh
+            await client.memory_usage()
+            ours = (time.perf_counter() - t0) / reps * 1e6
+            if beside is not None and k % 2 == 1:
+                raw = beside.raw_alloc()
+            gc_ms = (_gc_spent[0] - gc_before) * 1e3  # the collector's share of the round
+            rounds_al.append({"asynccube_us": ours, "raw_us": raw, "gc_ms": gc_ms})
+        out["alloc_free_1MiB_us"] = min(r["asynccube_us"] for r in rounds_al)
+        out["alloc_rounds"] = rounds_al
         # 4 tasks x 1000 small kernels vs one task
         sb = ac.Bindings().with_scalar(np.uint64, [50_000])
 
@@ -276,6 +360,7 @@ def bench_client(g: Any, results: dict[str, Any], row: Callable[[str, str], None
     results["client_peers"] = peers
     for key, v in peers.items():
         row(f"client peers: {key}", f"{v:.2f}" if isinstance(v, float) else str(v))
+    beside = Beside(g)
     for loop, key in (("asyncio", "client"), ("uvloop", "client_uvloop")):
         out: dict[str, Any] = {}
         if loop == "uvloop":
@@ -284,10 +369,11 @@ def bench_client(g: Any, results: dict[str, Any], row: Callable[[str, str], None
             except ImportError:
                 results[key] = {"skipped": "uvloop is not installed"}
                 continue
-            uvloop.run(client_figures(out))
+            uvloop.run(client_figures(out, beside))
         else:
-            asyncio.run(client_figures(out))
+            asyncio.run(client_figures(out, beside))
         g.ctx.make_current()
         results[key] = out
         for name, v in out.items():
-            row(f"client ({loop}): {name}", f"{v:.2f}" if isinstance(v, float) else str(v))
+            if not isinstance(v, list):  # the rounds are in the JSON
+                row(f"client ({loop}): {name}", f"{v:.2f}" if isinstance(v, float) else str(v))

@@ -49,6 +49,39 @@ def _ge(v: float | None, limit: float) -> bool | None:
     return None if v is None else v >= limit
 
 
+def paired(r: dict[str, Any], loop: str, rounds: str, num: str, den: str) -> list[float]:
+    """``num / den`` in each round of ``r[loop][rounds]`` that has both (the figures of a
+    round were measured side by side), sorted."""
+    found = r.get(loop, {}).get(rounds) if isinstance(r.get(loop), dict) else None
+    out = []
+    for x in found if isinstance(found, list) else []:
+        q = ratio(x.get(num), x.get(den)) if isinstance(x, dict) else None
+        if q is not None:
+            out.append(q)
+    return sorted(out)
+
+
+def _median(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def _paired_text(qs: list[list[float]]) -> str:
+    """Each loop's median ratio, then the count of rounds and each loop's range."""
+    meds = " / ".join(_x(_median(q)) for q in qs)
+    spans = " / ".join(f"{q[0]:.2f}-{q[-1]:.2f}x" if q else "n/a" for q in qs)
+    return f"{meds} (median of {max(len(q) for q in qs)} paired rounds; {spans})"
+
+
+def _span(r: dict[str, Any], key: str) -> str:
+    """The median and range of ``key`` over both loops' execute rounds, e.g. "3.0 (2.5-3.3)"."""
+    vs = sorted(x[key] for _, c in LOOPS for x in r.get(c, {}).get("execute_rounds", [])
+                if isinstance(x, dict) and x.get(key))  # fmt: skip
+    return f"{fmt(_median(vs))} ({fmt(vs[0])}-{fmt(vs[-1])})" if vs else "n/a"
+
+
 def _both(r: dict[str, Any], key: str, digits: int = 2) -> str:
     return " / ".join(fmt(get(r, c, key), digits) for _, c in LOOPS)
 
@@ -60,23 +93,45 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
     cupy = get(r, L, "cupy")
     rows = []
     ex = [get(r, c, "execute_unchecked_us") for _, c in LOOPS]
-    exf = [ratio(v, c_launch) for v in ex]
+    here = [paired(r, c, "execute_rounds", "unchecked_us", "c_loop_here_us") for _, c in LOOPS]
+    prog = [paired(r, c, "execute_rounds", "unchecked_us", "c_floor_us") for _, c in LOOPS]
+    ext = [paired(r, c, "execute_rounds", "unchecked_us", "ext_call_us") for _, c in LOOPS]
+    if all(here):  # each round beside its own floors: judged on the C loop in-process
+        exf = [_median(q) for q in here]
+        ex_text = (f"{_paired_text(here)} of the C loop in this process; "
+                   f"{_paired_text(prog)} of the C loop program; "
+                   f"{_paired_text(ext)} of a C-extension call")  # fmt: skip
+        floor_text = (f"C loop in this process {_span(r, 'c_loop_here_us')}, C loop program "
+                      f"{_span(r, 'c_floor_us')} ({fmt(c_launch)} in the floor section), "
+                      f"C-ext call {_span(r, 'ext_call_us')}")  # fmt: skip
+    else:
+        exf = [ratio(v, c_launch) for v in ex]
+        ex_text = " / ".join(_x(v) for v in exf) + " of floor"
+        floor_text = (
+            f"C loop {fmt(c_launch)}, C-ext call {fmt(get(r, F, 'ext_call_launch_add4_us'))}"
+        )
     rows.append((
         "host µs per `execute`, 4-arg kernel, UNCHECKED", "<= 1.4x C-loop floor, < CuPy",
         _both(r, "execute_unchecked_us"),
-        f"C loop {fmt(c_launch)}, C-ext call {fmt(get(r, F, 'ext_call_launch_add4_us'))}, "
+        f"{floor_text}, "
         f"cuda.bindings tuple {fmt(get(r, L, 'raw_tuple'))} / pre-packed "
         f"{fmt(get(r, L, 'raw_prepacked'))}, cuda.core {fmt(get(r, L, 'cuda_core'))}, CuPy "
         f"RawKernel {fmt(cupy)}, torch.add {fmt(get(r, L, 'torch_add'))}",
-        " / ".join(_x(v) for v in exf) + " of floor",
+        ex_text,
         _verdict([_le(v, 1.4) for v in exf] + [None if v is None or cupy is None else v < cupy
                                               for v in ex]),
     ))  # fmt: skip
-    ck = [ratio(get(r, c, "execute_checked_us"), get(r, c, "execute_unchecked_us"))
-          for _, c in LOOPS]  # fmt: skip
+    ckq = [paired(r, c, "execute_rounds", "checked_us", "unchecked_us") for _, c in LOOPS]
+    if all(ckq):
+        ck = [_median(q) for q in ckq]
+        ck_text = _paired_text(ckq)
+    else:
+        ck = [ratio(get(r, c, "execute_checked_us"), get(r, c, "execute_unchecked_us"))
+              for _, c in LOOPS]  # fmt: skip
+        ck_text = " / ".join(_x(v) for v in ck)
     rows.append(("host µs per `execute`, CHECKED (the default)", "<= 1.15x UNCHECKED",
                  _both(r, "execute_checked_us"), "UNCHECKED above",
-                 " / ".join(_x(v) for v in ck), _verdict([_le(v, 1.15) for v in ck])))  # fmt: skip
+                 ck_text, _verdict([_le(v, 1.15) for v in ck])))  # fmt: skip
     raw_rd = get(r, P, "raw_read_1KiB_us")
     rd = [ratio(get(r, c, "read_1KiB_us"), raw_rd) for _, c in LOOPS]
     rows.append((
@@ -97,14 +152,27 @@ def _rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
         " / ".join(_x(v) for v in sy), _verdict([_le(v, 1.3) for v in sy]),
     ))  # fmt: skip
     raw_al = get(r, P, "raw_cuMemAllocAsync_free_1MiB_us")
-    al = [ratio(get(r, c, "alloc_free_1MiB_us"), raw_al) for _, c in LOOPS]
+    alq = [paired(r, c, "alloc_rounds", "asynccube_us", "raw_us") for _, c in LOOPS]
+    raws = sorted(x["raw_us"] for _, c in LOOPS
+                  for x in r.get(c, {}).get("alloc_rounds", []) if x.get("raw_us"))  # fmt: skip
+    if all(alq):
+        al = [_median(q) for q in alq]
+        al_text = _paired_text(alq)
+        raw_text = (
+            f"cuda.bindings {fmt(_median(raws))} (beside the rounds: {fmt(raws[0])}-"
+            f"{fmt(raws[-1])}; {fmt(raw_al)} with the peers)"
+        )
+    else:
+        al = [ratio(get(r, c, "alloc_free_1MiB_us"), raw_al) for _, c in LOOPS]
+        al_text = " / ".join(_x(v) for v in al)
+        raw_text = f"cuda.bindings {fmt(raw_al)}"
     rows.append((
         "`empty` + drop of 1 MiB, a pool hit (µs)", "<= 1.0x raw cuMemAllocAsync+FreeAsync",
         _both(r, "alloc_free_1MiB_us"),
-        f"cuda.bindings {fmt(raw_al)}, C {fmt(get(r, F, 'c_alloc_free_async_1MiB_us'))}, CuPy "
+        f"{raw_text}, C {fmt(get(r, F, 'c_alloc_free_async_1MiB_us'))}, CuPy "
         f"pool {fmt(get(r, P, 'cupy_alloc_free_1MiB_us'))}, torch "
         f"{fmt(get(r, P, 'torch_alloc_free_1MiB_us'))}",
-        " / ".join(_x(v) for v in al), _verdict([_le(v, 1.0) for v in al]),
+        al_text, _verdict([_le(v, 1.0) for v in al]),
     ))  # fmt: skip
     cc = [get(r, c, "concurrency_speedup") for _, c in LOOPS]
     rows.append((
@@ -205,6 +273,12 @@ def markdown(
         "Command: `scripts/gpu-check benchmarks/bench_gpu.sh` on the GPU machine (tool `run`, "
         "carry `.whl`); every figure from one run: best of 3 rounds (launch, execute, "
         "alloc), median of 2000 (round trips), best of 4-5 (bandwidth). Floors: "
-        "`benchmarks/floor.c`, a C loop on the same cubin, and a C-extension call."
+        "`benchmarks/floor.c`, a C loop on the same cubin, and a C-extension call. "
+        "Execute and `empty` + drop run in 5 rounds (`ASYNCCUBE_BENCH_ROUNDS`), each beside "
+        "fresh runs of its peers (the C loop program, the same C loop inside this process, "
+        "a C-extension call; cuda.bindings' alloc + free), the order alternated: their "
+        "ratios are the median of the rounds' ratios (execute judged on the C loop inside "
+        "the process), since these machines drift by 20-30% within seconds. The absolute "
+        "figures are the best round."
     )
     return "\n".join(parts) + "\n"

@@ -668,6 +668,9 @@ def environment(g: Gpu) -> None:
         from asynccube._core.cuda import hotpath  # type: ignore[attr-defined]
 
         env["hot_path"] = f"{hotpath.ACTIVE} ({hotpath.REASON})"
+        from asynccube._core import slices
+
+        env["hot_path"] += f", slice token {getattr(slices, 'TOKEN', 'python')}"
     except ImportError:
         env["hot_path"] = "python (before issue 11)"
     env["src"] = sys.path[0]

@@ -97,6 +97,32 @@ async def declined() -> None:
     await s.client.close()
 
 
+async def scalar_dtype() -> None:
+    """Each scalar dtype has its own signature: a wider one is the route's (it raises,
+    every time); another of the same size is checked once, then taken; so is the first."""
+    s = await Setup().ready()
+    buffers = [h.binding() for h in s.handles]
+    wide = ac.Bindings().with_buffers(buffers).with_scalar(np.uint64, [N])
+    same = ac.Bindings().with_buffers(buffers).with_scalar(np.float32, [1.0])
+    hits, d0 = s.stats
+    for _ in range(2):
+        s.client.execute(ADD, s.count, wide)
+        raised: BaseException | None = None
+        try:
+            await s.client.sync()
+        except ac.InvalidArgument as exc:
+            raised = exc
+        if raised is None or "[8, 8, 8, 8]" not in str(raised):
+            raise AssertionError(f"an 8-byte scalar for a 4-byte one was not raised: {raised!r}")
+    assert s.stats == (hits, d0 + 2), s.stats
+    s.client.execute(ADD, s.count, same)  # a new signature: the route checks it
+    s.client.execute(ADD, s.count, same)
+    s.client.execute(ADD, s.count, s.bindings)
+    assert s.stats == (hits + 2, d0 + 3), s.stats
+    await s.client.sync()
+    await s.client.close()
+
+
 async def other_stream() -> None:
     """A buffer last used on another task's stream: the route syncs the streams."""
     s = await Setup().ready()
@@ -308,6 +334,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     for f in (
         taken,
         declined,
+        scalar_dtype,
         other_stream,
         new_task,
         launch_error,

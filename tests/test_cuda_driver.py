@@ -197,13 +197,13 @@ def test_completion_done_wait_result(gpu: driver.DeviceContext, stream: Any) -> 
 @pytest.mark.asyncio
 async def test_completion_fileno_wakes_the_loop(gpu: driver.DeviceContext, stream: Any) -> None:
     gpu.make_current()
+    start = time.perf_counter()  # before the 50 ms kernel is launched (slow under a sanitizer)
     c = _completion(stream, gpu, 0.05)
     loop = asyncio.get_running_loop()
     woke = loop.create_future()
     fd = c.fileno()
     assert fd >= 0
     assert c.fileno() == fd
-    start = time.perf_counter()
     loop.add_reader(fd, lambda: woke.done() or woke.set_result(time.perf_counter()))
     try:
         at = await asyncio.wait_for(woke, 5)

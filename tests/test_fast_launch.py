@@ -22,8 +22,9 @@ from .conftest import native_module
 
 SCENARIOS = {
     "fast_launch_scenario.py": (
-        "taken", "declined", "other_stream", "new_task", "launch_error", "foreign_handle",
-        "profiling", "read_taken", "read_declined", "read_error", "sync_taken", "closed",
+        "taken", "declined", "scalar_dtype", "other_stream", "new_task", "launch_error",
+        "foreign_handle", "profiling", "read_taken", "read_declined", "read_error", "sync_taken",
+        "closed",
     ),
     "fast_alloc_scenario.py": (
         "alloc_taken", "alloc_declined", "alloc_passed", "alloc_other_task", "alloc_create",

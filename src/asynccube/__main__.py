@@ -120,10 +120,12 @@ def _nvrtc_version() -> str:
 
 
 def _hot_path() -> str:
+    from ._core import slices
     from ._core.cuda import hotpath
 
     kind = "compiled (C extension)" if hotpath.ACTIVE == "native" else "pure Python"
-    return f"{kind}: {hotpath.REASON}"
+    token = "compiled" if slices.TOKEN == "native" else "pure Python"
+    return f"{kind}: {hotpath.REASON}; slice token: {token}"
 
 
 def _config(args: argparse.Namespace) -> int:

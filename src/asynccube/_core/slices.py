@@ -2,19 +2,26 @@
 
 A :class:`SliceHandle` is what cubecl calls ``SliceHandle`` (an ``Arc<SliceId>``): every
 ``Handle`` and ``Binding`` over one slice shares the same object. When the last of them
-is gone, CPython's reference counting runs ``__del__`` on whatever thread dropped it,
-which appends the slice id to its owner's release queue (``deque.append`` is atomic, so
-no lock sits on the launch path). The memory manager drains that queue on its own
-thread before it next allocates.
+is gone, CPython's reference counting releases it on whatever thread dropped it, which
+appends the slice id to its owner's release queue (``deque.append`` is atomic, so no
+lock sits on the launch path). The memory manager drains that queue on its own thread
+before it next allocates.
+
+``SliceHandle`` is the compiled token (``_native_slices.c``: the release is part of its
+deallocation, no Python call per drop) where that extension imports and
+``ASYNCCUBE_NO_EXTENSIONS`` is not set, else its pure-Python twin
+:class:`PySliceHandle` (the release in ``__del__``); :data:`TOKEN` says which.
 """
 
 from __future__ import annotations
 
 import sys
 from collections import deque
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-__all__ = ["ReleaseQueue", "SliceHandle"]
+from .extensions import no_extensions
+
+__all__ = ["TOKEN", "PySliceHandle", "ReleaseQueue", "SliceHandle"]
 
 
 class ReleaseQueue:
@@ -48,8 +55,12 @@ class ReleaseQueue:
         return len(self._queue)
 
 
-class SliceHandle:
-    """Shared token for one slice; its last reference gone, the slice is released."""
+class PySliceHandle:
+    """Shared token for one slice; its last reference gone, the slice is released.
+
+    The pure-Python twin of the compiled ``SliceHandle``: the same constructor,
+    ``id`` and ``queue``, weak references, ``refcount()`` and release.
+    """
 
     __slots__ = ("__weakref__", "id", "queue")
 
@@ -58,7 +69,12 @@ class SliceHandle:
         self.queue: Final = queue
 
     def __del__(self) -> None:
-        self.queue._queue.append(self.id)  # push(), inlined: this runs for every handle
+        try:
+            self.queue._queue.append(self.id)  # push(), inlined: this runs for every handle
+        except AttributeError:
+            if hasattr(self, "queue") and hasattr(self, "id"):
+                raise  # a queue that cannot take it: reported as the compiled token's
+            # else __init__ never ran (a bad call): there is no slice to release
 
     def __repr__(self) -> str:
         return f"SliceHandle(id={self.id}, owner={self.queue.owner_id})"
@@ -66,3 +82,23 @@ class SliceHandle:
     def refcount(self) -> int:
         """``sys.getrefcount`` of this token (see ``Handle.can_mut`` for its use)."""
         return sys.getrefcount(self)
+
+
+def _choose() -> tuple[type[PySliceHandle], str]:
+    if no_extensions():
+        return PySliceHandle, "python"
+    try:
+        from . import _native_slices  # type: ignore[attr-defined]
+    except ImportError:
+        return PySliceHandle, "python"
+    token: type[PySliceHandle] = _native_slices.SliceHandle
+    return token, "native"
+
+
+_chosen = _choose()
+if TYPE_CHECKING:
+    SliceHandle = PySliceHandle
+else:
+    SliceHandle = _chosen[0]
+TOKEN: Final[str] = _chosen[1]
+"""``"native"`` (the compiled token) or ``"python"`` (:class:`PySliceHandle`)."""

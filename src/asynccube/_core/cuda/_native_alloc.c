@@ -237,7 +237,7 @@ static PyObject *mint(FastLaunch *f, Refs *r, Plan *p, Alloc *a, PyObject *size)
         (a->entry != NULL && PyDict_SetItem(f->addresses, id, a->entry) < 0) ||
         PyDict_SetItem(f->last_use, id, p->stamp) < 0 ||
         PyDict_SetItem(f->created_at, id, p->stamp) < 0 ||
-        PyObject_SetAttr(f->manager, attr_names[N_ALLOC_CALLS], a->calls) < 0)
+        set_attr(f->manager, N_ALLOC_CALLS, a->calls) < 0)
         Py_CLEAR(handle);
     if (handle != NULL && a->cleanup) { /* as reserve: every tick's calls, the pools' policy */
         PyObject *res = PyObject_CallMethodOneArg(f->manager, attr_names[N_PERIODIC], a->calls);

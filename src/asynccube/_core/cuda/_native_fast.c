@@ -38,6 +38,8 @@ static int fast_traverse(FastLaunch *f, visitproc visit, void *arg) {
     Py_VISIT(f->sh_obj);
     Py_VISIT(f->go_obj);
     Py_VISIT(f->ms_obj);
+    Py_VISIT(f->ty_obj);
+    Py_VISIT(f->ty_num);
     Py_VISIT(f->handle_t);
     Py_VISIT(f->binding_t);
     Py_VISIT(f->small_reads);
@@ -58,6 +60,8 @@ static int fast_clear(FastLaunch *f) {
     Py_CLEAR(f->sh_obj);
     Py_CLEAR(f->go_obj);
     Py_CLEAR(f->ms_obj);
+    Py_CLEAR(f->ty_obj);
+    Py_CLEAR(f->ty_num);
     Py_CLEAR(f->handle_t);
     Py_CLEAR(f->binding_t);
     Py_CLEAR(f->small_reads);
@@ -131,18 +135,16 @@ static int hold_raised(FastLaunch *f, PyObject *sid) {
 
 /* Advance the stream's cursor and stamp every buffer as last used there. */
 int commit(FastLaunch *f, Refs *r, Plan *p) {
-    PyObject *cursor = PyObject_GetAttr(p->wrapper, attr_names[N_CURSOR]);
+    PyObject *cursor = get(r, p->wrapper, N_CURSOR);
     if (cursor == NULL) return -1;
     long value;
-    int bad_cursor = as_long(cursor, &value);
-    Py_DECREF(cursor);
-    PyObject *next = bad_cursor < 0 ? NULL : PyLong_FromLong(value + 1);
+    PyObject *next = as_long(cursor, &value) < 0 ? NULL : PyLong_FromLong(value + 1);
     if (next == NULL) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a stream cursor must be an int");
         return -1;
     }
     PyObject *stamp = p->stamp = keep(r, PyTuple_Pack(2, p->sid, next));
-    int rc = stamp == NULL ? -1 : PyObject_SetAttr(p->wrapper, attr_names[N_CURSOR], next);
+    int rc = stamp == NULL ? -1 : set_attr(p->wrapper, N_CURSOR, next);
     for (Py_ssize_t i = 0; rc == 0 && i < p->n; i++)
         rc = PyDict_SetItem(f->last_use, p->mids[i], stamp);
     Py_DECREF(next);
@@ -202,7 +204,7 @@ int after(FastLaunch *f, Refs *r, Plan *p) {
         Py_DECREF(res);
     }
     if (p->scheduled) return 0;
-    if (PyObject_SetAttr(f->channel, attr_names[N_SCHEDULED], Py_True) < 0) return -1;
+    if (set_attr(f->channel, N_SCHEDULED, Py_True) < 0) return -1;
     PyObject *res = PyObject_CallOneArg(f->call_soon, f->end_batch);
     Py_XDECREF(res);
     return res == NULL ? -1 : 0;

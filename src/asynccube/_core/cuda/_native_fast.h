@@ -41,6 +41,8 @@ typedef struct {
     PyObject *ms_obj;          /* the last metadata array and its size (an array held
                                 * here cannot be resized in place) */
     Py_ssize_t ms_val;
+    PyObject *ty_obj, *ty_num; /* the last scalar dtype and its num */
+    long ty_val;
     /* read(): set by set_read() (NULL until then) */
     PyObject *handle_t, *binding_t, *small_reads, *later, *fail, *create_future;
     long small_max;
@@ -85,6 +87,8 @@ typedef struct {
 } SlotCache;
 extern SlotCache slot_cache[N_COUNT][2];
 PyObject *get_slow(Refs *r, PyObject *o, int name);
+/* o.<name> = v: straight into a class's __slots__ member when cached, else setattr. */
+int set_attr(PyObject *o, int name, PyObject *v);
 
 /* o.<name>, or NULL (an error set). The reference is borrowed from `o` (a slot), or
  * owned by `r` (a getattr): valid for the call, while no Python code changes `o`. */

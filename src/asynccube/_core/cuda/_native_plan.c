@@ -55,6 +55,20 @@ PyObject *get_slow(Refs *r, PyObject *o, int name) {
     return keep(r, PyObject_GetAttr(o, attr_names[name]));
 }
 
+int set_attr(PyObject *o, int name, PyObject *v) {
+    PyTypeObject *t = Py_TYPE(o);
+    SlotCache *c = slot_cache[name];
+    /* a class's own __slots__ member (never read-only), set as its descriptor would */
+    if (PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE) && t->tp_setattro == PyObject_GenericSetAttr)
+        for (int i = 0; i < 2; i++)
+            if (c[i].type == t && c[i].tag == t->tp_version_tag && c[i].offset > 0) {
+                PyObject **slot = (PyObject **)((char *)o + c[i].offset);
+                Py_XSETREF(*slot, Py_NewRef(v));
+                return 0;
+            }
+    return PyObject_SetAttr(o, attr_names[name], v);
+}
+
 int as_long(PyObject *o, long *out) {
     if (!PyLong_Check(o)) return -1;
     *out = PyLong_AsLong(o);
@@ -196,9 +210,18 @@ static int pack_of(FastLaunch *f, Refs *r, Plan *p, PyObject *loaded, PyObject *
         Py_ssize_t pos = 0;
         PyObject *k, *sb, *ty;
         PyDict_Next(scalars, &pos, &k, &sb);
-        if ((ty = get(r, sb, N_TY)) == NULL || (num = get(r, ty, N_NUM)) == NULL ||
-            (len = get(r, sb, N_LENGTH)) == NULL || (p->scalar_data = get(r, sb, N_DATA)) == NULL ||
-            as_long(num, &key[1]) < 0 || as_long(len, &key[2]) < 0)
+        if ((ty = get(r, sb, N_TY)) == NULL) return 0;
+        if (ty != f->ty_obj) { /* a dtype's num never changes: read it once per dtype */
+            long v;
+            if ((num = get(r, ty, N_NUM)) == NULL || as_long(num, &v) < 0) return 0;
+            f->ty_val = v;
+            Py_XSETREF(f->ty_num, Py_NewRef(num));
+            Py_XSETREF(f->ty_obj, Py_NewRef(ty));
+        }
+        num = f->ty_num;
+        key[1] = f->ty_val;
+        if ((len = get(r, sb, N_LENGTH)) == NULL || (p->scalar_data = get(r, sb, N_DATA)) == NULL ||
+            as_long(len, &key[2]) < 0)
             return 0;
     }
     PyObject *pack = pack_for(f, r, key, num, len);
@@ -253,7 +276,9 @@ int plan(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a) {
         return 0;
     if (!channel_ready(f, r, p) || !stream_of(f, r, p)) return 0;
     if ((o = get(r, count, N_BINDING)) == NULL || o != Py_None) return 0;
-    if ((o = get(r, bindings, N_TMAPS)) == NULL || PyObject_Length(o) != 0) return 0;
+    if ((o = get(r, bindings, N_TMAPS)) == NULL ||
+        (PyList_CheckExact(o) ? PyList_GET_SIZE(o) : PyObject_Length(o)) != 0)
+        return 0;
     if ((p->kernel_id = get(r, kernel, N_ID)) == NULL) return 0;
     PyObject *loaded = PyDict_GetItemWithError(f->kernels, p->kernel_id);
     if (loaded == NULL || keep(r, Py_NewRef(loaded)) == NULL) return 0;

@@ -9,6 +9,7 @@ moves them.
 
 from __future__ import annotations
 
+from types import MemberDescriptorType
 from typing import Any
 
 from ..errors import InvalidArgument
@@ -48,7 +49,7 @@ class Allocator:
         ):
             raise InvalidArgument("set_alloc needs two types, an iterator, dicts and a size >= 0")
         for t, names in ((handle_t, _HANDLE_SLOTS), (token_t, ("id", "queue"))):
-            missing = [n for n in names if n not in _slots_of(t)]
+            missing = [n for n in names if not _has_slot(t, n)]
             if missing:
                 raise InvalidArgument(f"{t!r} must keep {missing[0]!r} in __slots__")
         self.handle_t, self.token_t, self.ids, self.slices = handle_t, token_t, ids, slices
@@ -161,5 +162,10 @@ class Allocator:
         return handle
 
 
-def _slots_of(t: type) -> set[str]:
-    return {name for k in t.__mro__ for name in getattr(k, "__slots__", ())}
+def _has_slot(t: type, name: str) -> bool:
+    """``name`` is a slot of ``t`` (a ``__slots__`` entry or a C member), as C's
+    ``member_offset`` finds it: the first class of the MRO to define it has a member."""
+    for k in t.__mro__:
+        if name in k.__dict__:
+            return isinstance(k.__dict__[name], MemberDescriptorType)
+    return False

@@ -20,9 +20,10 @@ Python in a driver thread: completions are signalled by a C host function (libc'
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, Final, Protocol, cast
+
+from ..extensions import no_extensions as _no_extensions
 
 __all__ = ["ACTIVE", "REASON", "HotPath", "hot", "load"]
 
@@ -71,7 +72,7 @@ class HotPath(Protocol):
 def load(no_extensions: bool | None = None) -> tuple[HotPath, str, str]:
     """``(module, "native" | "python", reason)``: the variant to use."""
     if no_extensions is None:
-        no_extensions = os.environ.get("ASYNCCUBE_NO_EXTENSIONS", "") not in ("", "0")
+        no_extensions = _no_extensions()
     from . import _twin
 
     if no_extensions:
