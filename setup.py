@@ -1,10 +1,10 @@
 """Build the optional compiled hot path (``asynccube._core.cuda._native``) and slice token
 (``asynccube._core._native_slices``).
 
-Everything else is declared in ``pyproject.toml``. The extension needs only a C compiler
+Everything else is declared in ``pyproject.toml``. The extensions need only a C compiler
 and Python's headers (no CUDA toolkit: the driver is opened at run time). If one cannot be
 built, installation goes on without it, with a warning, and asynccube uses its
-pure-Python twin (``python -m asynccube info`` says which path is active).
+pure-Python twin (``python -m asynccube info`` says which are active).
 """
 
 from __future__ import annotations
