@@ -111,17 +111,22 @@ class Beside:
             "ext_call_us": self.ext.call(),
         }
 
-    def raw_alloc(self, reps: int = 20000) -> float:
-        """cuda.bindings' cuMemAllocAsync + cuMemFreeAsync of 1 MiB, µs, now (the primary
-        context, which the client's server keeps current on this thread)."""
-        d, s = cu(), self.g.stream
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            p = check(d.cuMemAllocAsync(MiB, s))
-            check(d.cuMemFreeAsync(p, s))
-        us = (time.perf_counter() - t0) / reps * 1e6
-        check(d.cuStreamSynchronize(s))
-        return us
+    def raw_alloc(self) -> float:
+        """:func:`raw_alloc_us` now (the primary context, which the client's server keeps
+        current on this thread)."""
+        return raw_alloc_us(self.g)
+
+
+def raw_alloc_us(g: Any, reps: int = 20000) -> float:
+    """cuda.bindings' cuMemAllocAsync + cuMemFreeAsync of 1 MiB on ``g``'s stream, µs."""
+    d, s = cu(), g.stream
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        p = check(d.cuMemAllocAsync(MiB, s))
+        check(d.cuMemFreeAsync(p, s))
+    us = (time.perf_counter() - t0) / reps * 1e6
+    check(d.cuStreamSynchronize(s))
+    return us
 
 
 async def client_figures(out: dict[str, Any], beside: Beside | None = None) -> None:
@@ -344,12 +349,7 @@ def _peer_figures(g: Any, out: dict[str, Any]) -> None:
     except Exception as exc:
         out["cupy_error"] = repr(exc)
     g.ctx.make_current()
-    t0 = time.perf_counter()
-    for _ in range(20000):
-        p = check(d.cuMemAllocAsync(MiB, s))
-        check(d.cuMemFreeAsync(p, s))
-    out["raw_cuMemAllocAsync_free_1MiB_us"] = (time.perf_counter() - t0) / 20000 * 1e6
-    g.sync()
+    out["raw_cuMemAllocAsync_free_1MiB_us"] = raw_alloc_us(g)
 
 
 def bench_client(g: Any, results: dict[str, Any], row: Callable[[str, str], None]) -> None:

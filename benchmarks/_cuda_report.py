@@ -7,6 +7,7 @@ pure-Python fallback and of the code before issue 11, ``cuda_fallback.json`` and
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 LOOPS = (("asyncio", "client"), ("uvloop", "client_uvloop"))
@@ -62,10 +63,7 @@ def paired(r: dict[str, Any], loop: str, rounds: str, num: str, den: str) -> lis
 
 
 def _median(xs: list[float]) -> float | None:
-    if not xs:
-        return None
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+    return statistics.median(xs) if xs else None
 
 
 def _paired_text(qs: list[list[float]]) -> str:

@@ -19,7 +19,7 @@ import sys
 from collections import deque
 from typing import TYPE_CHECKING, Final
 
-from .extensions import no_extensions
+from .extensions import compiled
 
 __all__ = ["TOKEN", "PySliceHandle", "ReleaseQueue", "SliceHandle"]
 
@@ -85,13 +85,10 @@ class PySliceHandle:
 
 
 def _choose() -> tuple[type[PySliceHandle], str]:
-    if no_extensions():
+    module, _ = compiled("asynccube._core._native_slices")
+    if module is None:
         return PySliceHandle, "python"
-    try:
-        from . import _native_slices  # type: ignore[attr-defined]
-    except ImportError:
-        return PySliceHandle, "python"
-    token: type[PySliceHandle] = _native_slices.SliceHandle
+    token: type[PySliceHandle] = module.SliceHandle
     return token, "native"
 
 

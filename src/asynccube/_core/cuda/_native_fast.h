@@ -87,7 +87,8 @@ typedef struct {
 } SlotCache;
 extern SlotCache slot_cache[N_COUNT][2];
 PyObject *get_slow(Refs *r, PyObject *o, int name);
-/* o.<name> = v: straight into a class's __slots__ member when cached, else setattr. */
+/* o.<name> = v: straight into a class's __slots__ member (found as get() finds it), else
+ * setattr. */
 int set_attr(PyObject *o, int name, PyObject *v);
 
 /* o.<name>, or NULL (an error set). The reference is borrowed from `o` (a slot), or

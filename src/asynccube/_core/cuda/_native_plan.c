@@ -35,19 +35,24 @@ Py_ssize_t member_offset(PyTypeObject *t, PyObject *name) {
     return -1;
 }
 
-PyObject *get_slow(Refs *r, PyObject *o, int name) {
+/* The cache entry of `name` for o's type, filled on a miss; NULL for a type without a
+ * valid version tag (then plain getattr / setattr). */
+static SlotCache *slot_entry(PyObject *o, int name) {
     PyTypeObject *t = Py_TYPE(o);
-    SlotCache *c = slot_cache[name], *e = NULL;
-    if (c[0].type == t && c[0].tag == t->tp_version_tag) {
-        e = &c[0]; /* a type without the slot (get() reads only positive offsets) */
-    } else if (c[1].type == t && c[1].tag == t->tp_version_tag) {
-        e = &c[1];
-    } else if (PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) && t->tp_version_tag != 0) {
-        e = c[0].type == NULL || c[0].type == t ? &c[0] : &c[1];
-        e->type = t; /* borrowed: a type made later at the same address has a new tag */
-        e->tag = t->tp_version_tag;
-        e->offset = member_offset(t, attr_names[name]);
-    }
+    SlotCache *c = slot_cache[name], *e;
+    if (c[0].type == t && c[0].tag == t->tp_version_tag) return &c[0];
+    if (c[1].type == t && c[1].tag == t->tp_version_tag) return &c[1];
+    if (!PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) || t->tp_version_tag == 0)
+        return NULL;
+    e = c[0].type == NULL || c[0].type == t ? &c[0] : &c[1];
+    e->type = t; /* borrowed: a type made later at the same address has a new tag */
+    e->tag = t->tp_version_tag;
+    e->offset = member_offset(t, attr_names[name]);
+    return e;
+}
+
+PyObject *get_slow(Refs *r, PyObject *o, int name) {
+    SlotCache *e = slot_entry(o, name); /* c[0] may hold a type without the slot */
     if (e != NULL && e->offset > 0) {
         PyObject *v = *(PyObject **)((char *)o + e->offset);
         if (v != NULL) return v; /* unset: getattr raises */
@@ -57,15 +62,15 @@ PyObject *get_slow(Refs *r, PyObject *o, int name) {
 
 int set_attr(PyObject *o, int name, PyObject *v) {
     PyTypeObject *t = Py_TYPE(o);
-    SlotCache *c = slot_cache[name];
     /* a class's own __slots__ member (never read-only), set as its descriptor would */
-    if (PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE) && t->tp_setattro == PyObject_GenericSetAttr)
-        for (int i = 0; i < 2; i++)
-            if (c[i].type == t && c[i].tag == t->tp_version_tag && c[i].offset > 0) {
-                PyObject **slot = (PyObject **)((char *)o + c[i].offset);
-                Py_XSETREF(*slot, Py_NewRef(v));
-                return 0;
-            }
+    if (PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE) && t->tp_setattro == PyObject_GenericSetAttr) {
+        SlotCache *e = slot_entry(o, name);
+        if (e != NULL && e->offset > 0) {
+            PyObject **slot = (PyObject **)((char *)o + e->offset);
+            Py_XSETREF(*slot, Py_NewRef(v));
+            return 0;
+        }
+    }
     return PyObject_SetAttr(o, attr_names[name], v);
 }
 

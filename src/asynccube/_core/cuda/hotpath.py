@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, Protocol, cast
 
-from ..extensions import no_extensions as _no_extensions
+from ..extensions import compiled
 
 __all__ = ["ACTIVE", "REASON", "HotPath", "hot", "load"]
 
@@ -71,18 +71,12 @@ class HotPath(Protocol):
 
 def load(no_extensions: bool | None = None) -> tuple[HotPath, str, str]:
     """``(module, "native" | "python", reason)``: the variant to use."""
-    if no_extensions is None:
-        no_extensions = _no_extensions()
     from . import _twin
 
-    if no_extensions:
-        return cast(HotPath, _twin), "python", "ASYNCCUBE_NO_EXTENSIONS is set"
-    try:
-        from . import _native  # type: ignore[attr-defined]
-    except ImportError as exc:
-        reason = f"the compiled extension is not available ({exc})"
+    native, reason = compiled("asynccube._core.cuda._native", no_extensions)
+    if native is None:
         return cast(HotPath, _twin), "python", reason
-    return cast(HotPath, _native), "native", "the compiled extension is loaded"
+    return cast(HotPath, native), "native", reason
 
 
 _chosen = load()
