@@ -22,7 +22,10 @@ from typing import Any
 import numpy as np
 
 N_FLOATS = 64 * 1024  # 256 KiB of float32
-PEERS = ("asynccube", "cupy_thread", "torch_thread", "cupy_blocking")
+PEERS = ("asynccube", "asynccube_lowlag", "cupy_thread", "torch_thread", "cupy_blocking",
+         "numpy_loop")  # fmt: skip
+OURS = {"asynccube": 1000, "asynccube_lowlag": 200}
+"""asynccube's services and their ``streaming.batch_us`` (the default; a small budget)."""
 Handler = Callable[[bytes], Awaitable[bytes]]
 
 Y_SRC = r"""
@@ -41,10 +44,10 @@ def _host_y2x1(launch: Any) -> None:
     y[:n] += np.float32(1)
 
 
-async def _asynccube(device: str, stack: list[Any]) -> tuple[Handler, str]:
+async def _asynccube(device: str, stack: list[Any], batch_us: int) -> tuple[Handler, str]:
     import asynccube as ac
 
-    client = await ac.connect(device)
+    client = await ac.connect(device, config={"streaming": {"batch_us": batch_us}})
     stack.append(client)
     kernel = ac.Kernel(
         "bench_service_y2x1", cuda=ac.CudaSource(Y_SRC, "y2x1", (256, 1, 1)), host=_host_y2x1
@@ -65,7 +68,7 @@ async def _asynccube(device: str, stack: list[Any]) -> tuple[Handler, str]:
         return out
 
     await handle(bytes(nbytes))  # compile and load before the clock starts
-    return handle, f"asynccube on {client.device}"
+    return handle, f"asynccube on {client.device}, batch_us {batch_us}"
 
 
 def _cupy_fn() -> Callable[[bytes], bytes]:
@@ -101,8 +104,15 @@ def _torch_fn() -> Callable[[bytes], bytes]:
 
 async def make_handler(peer: str, device: str, stack: list[Any]) -> tuple[Handler, str]:
     """The handler for ``peer``; raises with the reason when it cannot run here."""
-    if peer == "asynccube":
-        return await _asynccube(device, stack)
+    if peer in OURS:
+        return await _asynccube(device, stack, OURS[peer])
+    if peer == "numpy_loop":  # the floor: aiohttp and the bodies, no device at all
+
+        async def on_loop(body: bytes) -> bytes:
+            x = np.frombuffer(body, np.float32)
+            return (x * np.float32(2) + np.float32(1)).tobytes()
+
+        return on_loop, "numpy on the loop (no device)"
     if device == "host":
         raise RuntimeError(f"{peer} needs a GPU; this run uses the host server")
     fn = _torch_fn() if peer == "torch_thread" else _cupy_fn()

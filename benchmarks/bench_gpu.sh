@@ -6,6 +6,7 @@
 # 3. bench_cuda.py, all figures beside their floors and peers (compiled hot path);
 # 4. bench_service.py on the GPU, asyncio and uvloop;
 # 5. with PROFILE="scenario ...": py-spy --native profiles of profile_hot_path.py scenarios.
+# SKIP="baseline fallback cuda service" leaves parts out (one call has 10 minutes).
 # Leaves $OUT/results.tgz (benchmarks/results/ and the logs); then, here:
 #     tar xzf results.tgz -C benchmarks && python benchmarks/report.py
 cd "$(dirname "$0")/.." || exit 2
@@ -15,19 +16,26 @@ L=/tmp/bench-logs  # packed into $OUT/results.tgz (few files come back from $OUT
 mkdir -p "$L"
 B=benchmarks/bench_cuda.py
 SECTIONS=${SECTIONS:-"abi floor launch completion storage client"}
-if [ -d baseline/src ]; then
+skip() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
+if [ -d baseline/src ] && ! skip baseline; then
     ASYNCCUBE_BENCH_SRC="$PWD/baseline/src" timeout 120 python3 $B client \
         --results cuda_baseline >"$L/baseline.log" 2>&1
     echo "baseline rc=$?"; grep -E "client \(asyncio\): (execute|read_1KiB|sync|alloc)" "$L/baseline.log"
 fi
-ASYNCCUBE_NO_EXTENSIONS=1 timeout 120 python3 $B client --results cuda_fallback >"$L/fallback.log" 2>&1
-echo "fallback rc=$?"; grep -E "hot_path|client \(asyncio\): (execute|read_1KiB|sync|alloc)" "$L/fallback.log" | cut -c1-160
-# shellcheck disable=SC2086
-timeout 240 python3 $B $SECTIONS >"$L/cuda.log" 2>&1
-echo "bench_cuda rc=$?"
-timeout 200 python3 benchmarks/bench_service.py --device cuda:0 --procs 4 \
-    --seconds "${SERVICE_SECONDS:-3}" --warmup 1.5 >"$L/service.log" 2>&1
-echo "bench_service rc=$?"
+if ! skip fallback; then
+    ASYNCCUBE_NO_EXTENSIONS=1 timeout 120 python3 $B client --results cuda_fallback >"$L/fallback.log" 2>&1
+    echo "fallback rc=$?"; grep -E "hot_path|client \(asyncio\): (execute|read_1KiB|sync|alloc)" "$L/fallback.log" | cut -c1-160
+fi
+if ! skip cuda; then
+    # shellcheck disable=SC2086
+    timeout 240 python3 $B $SECTIONS >"$L/cuda.log" 2>&1
+    echo "bench_cuda rc=$?"
+fi
+if ! skip service; then
+    timeout 300 python3 benchmarks/bench_service.py --device cuda:0 --procs 4 \
+        --seconds "${SERVICE_SECONDS:-3}" --warmup 1.5 >"$L/service.log" 2>&1
+    echo "bench_service rc=$?"
+fi
 if [ -n "${PROFILE:-}" ]; then  # py-spy --native of the hot path as it is now (asyncio)
     SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
     H=benchmarks/profile_hot_path.py
@@ -39,6 +47,8 @@ if [ -n "${PROFILE:-}" ]; then  # py-spy --native of the hot path as it is now (
     done
 fi
 tar czf "$OUT/results.tgz" -C benchmarks results -C /tmp bench-logs
-sed -n '/^## CUDA hot path/,$p' "$L/cuda.log"
-grep -E "^(asyncio|uvloop) " "$L/service.log" | cut -c1-200
-sed -n '/^| server loop/,/^$/p' "$L/service.log"
+[ -f "$L/cuda.log" ] && sed -n '/^## CUDA hot path/,$p' "$L/cuda.log"
+if [ -f "$L/service.log" ]; then
+    grep -E "^(asyncio|uvloop) " "$L/service.log" | cut -c1-200
+    sed -n '/^| server loop/,/^$/p' "$L/service.log"
+fi

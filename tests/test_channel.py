@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -296,3 +298,54 @@ async def test_a_loaded_kernel_with_a_static_count_skips_prepare() -> None:
     finally:
         await client.close()
     assert calls == [NOOP.id, ADD.id]  # not the first launch: loaded, static count
+
+
+class _SlowBatches(ac.HostServer):
+    """A host server whose every launch takes 200 µs on the loop and counts batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def execute(self, *args: Any) -> None:
+        deadline = time.perf_counter() + 200e-6
+        while time.perf_counter() < deadline:
+            pass
+        super().execute(*args)
+
+    def end_batch(self) -> None:
+        self.batches += 1
+        super().end_batch()
+
+
+@pytest.mark.parametrize(("batch_us", "most_batches"), [(1_000_000, 1), (10, None)])
+async def test_the_batch_budget_bounds_the_work_of_one_loop_iteration(
+    batch_us: int, most_batches: int | None
+) -> None:
+    """10 launches of 200 µs queued in one go: a budget of a second runs them inline in
+    one batch; a budget of 10 µs runs the first inline and the actor yields after each
+    of the others (a batch each)."""
+    server = _SlowBatches()
+    loop = asyncio.get_running_loop()
+    client = ac.ComputeClient(server, loop, batch_seconds=batch_us * 1e-6)
+    try:
+        await client.sync()
+        server.batches = 0
+        for _ in range(10):
+            client.execute(NOOP, ac.CubeCount(1), ac.Bindings())
+        await client.sync()
+    finally:
+        await client.close()
+    if most_batches is not None:
+        assert server.batches <= most_batches + 1  # + the sync's own batch
+    else:
+        assert server.batches >= 10
+
+
+async def test_the_batch_budget_comes_from_the_configuration() -> None:
+    async with ac.open_client("host", config={"streaming": {"batch_us": 250}}) as client:
+        assert client.config is not None and client.config.streaming.batch_us == 250
+        assert client._channel.budget == pytest.approx(250e-6)
+    with pytest.raises(ac.ConfigError, match="batch_us"):
+        async with ac.open_client("host", config={"streaming": {"batch_us": 5}}):
+            pass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -60,13 +61,39 @@ _SCALAR_ORDER: Final = {dt: i for i, dt in enumerate(SCALAR_DTYPES)}
 def scalar_dtype(ty: npt.DTypeLike) -> np.dtype[np.generic]:
     """Normalize ``ty`` to a supported scalar dtype or raise ScalarTypeError."""
     try:
+        return _NORMALIZED[ty]
+    except (KeyError, TypeError):  # not seen yet, or unhashable
+        pass
+    try:
         dt = np.dtype(ty)
     except TypeError as exc:
         raise ScalarTypeError(f"{ty!r} is not a numpy dtype") from exc
-    if dt.newbyteorder("=") not in _SCALAR_ORDER:
+    native = _NATIVE.get(dt.newbyteorder("="))
+    if native is None:
         names = ", ".join(d.name for d in SCALAR_DTYPES)
         raise ScalarTypeError(f"scalar dtype {dt} is not supported; use one of {names}")
-    return dt.newbyteorder("=")
+    if len(_NORMALIZED) < _NORMALIZED_MAX:
+        try:
+            _NORMALIZED[ty] = native
+        except TypeError:
+            pass
+    return native
+
+
+_NATIVE: Final = {dt: dt for dt in SCALAR_DTYPES}
+"""Each supported dtype (any byte order compares equal to its native one) to the one
+dtype object of ``SCALAR_DTYPES``, so every binding of a dtype shares one object."""
+_NORMALIZED: dict[object, np.dtype[np.generic]] = {}
+"""``scalar_dtype``'s answers by what it was given (``np.uint32``, ``"uint32"``...)."""
+_NORMALIZED_MAX: Final = 256
+_PACK: Final = dict(zip(SCALAR_DTYPES, "dfeqihbQIHB", strict=True))
+"""The ``struct`` code of each scalar dtype (native byte order, standard size)."""
+_INT_RANGE: Final = {
+    dt: (int(np.iinfo(dt.str).min), int(np.iinfo(dt.str).max))
+    for dt in SCALAR_DTYPES
+    if dt.kind in "iu"
+}
+_FLOAT_MAX: Final = {dt: float(np.finfo(dt.str).max) for dt in SCALAR_DTYPES if dt.kind == "f"}
 
 
 class ScalarBinding:
@@ -82,31 +109,37 @@ class ScalarBinding:
 
     def __init__(self, ty: npt.DTypeLike, values: npt.ArrayLike) -> None:
         dt = scalar_dtype(ty)
-        arr = _scalar_array(dt, values)
+        if isinstance(values, np.ndarray | np.generic):
+            arr = _scalar_array(dt, values)
+            length, raw = int(arr.size), arr.tobytes()
+        else:  # Python numbers: checked one by one, packed without numpy
+            items = list(values) if isinstance(values, Iterable) else [values]
+            length = len(items)
+            raw = struct.pack(f"={length}{_PACK[dt]}", *[_checked_scalar(dt, v) for v in items])
         self.ty = dt
-        self.length = int(arr.size)
-        raw = arr.tobytes()
+        self.length = length
         self.data = raw + b"\0" * (-len(raw) % 8)
-        self._values = np.frombuffer(self.data, dtype=dt, count=self.length)
+        self._values: npt.NDArray[np.generic] | None = None
 
     def __repr__(self) -> str:
         return f"ScalarBinding({self.ty}, {self.values().tolist()})"
 
     def values(self) -> npt.NDArray[np.generic]:
         """The scalars as a numpy array of ``ty`` (a read-only view of ``data``)."""
+        if self._values is None:
+            self._values = np.frombuffer(self.data, dtype=self.ty, count=self.length)
         return self._values
 
 
-def _scalar_array(dt: np.dtype[np.generic], values: npt.ArrayLike) -> npt.NDArray[np.generic]:
-    if isinstance(values, np.ndarray | np.generic):
-        if values.dtype != dt:
-            raise ScalarTypeError(
-                f"scalars declared {dt} but given an array of {values.dtype}; "
-                f"cast with .astype(np.{dt.name}) or declare {values.dtype}"
-            )
-        return np.ascontiguousarray(values, dtype=dt).reshape(-1)
-    items = list(values) if isinstance(values, Iterable) else [values]
-    return np.array([_checked_scalar(dt, v) for v in items], dtype=dt)
+def _scalar_array(
+    dt: np.dtype[np.generic], values: npt.NDArray[np.generic] | np.generic
+) -> npt.NDArray[np.generic]:
+    if values.dtype != dt:
+        raise ScalarTypeError(
+            f"scalars declared {dt} but given an array of {values.dtype}; "
+            f"cast with .astype(np.{dt.name}) or declare {values.dtype}"
+        )
+    return np.ascontiguousarray(values, dtype=dt).reshape(-1)
 
 
 def _checked_scalar(dt: np.dtype[np.generic], value: object) -> object:
@@ -128,11 +161,11 @@ def _checked_scalar(dt: np.dtype[np.generic], value: object) -> object:
     if kind in "iu":
         if not isinstance(value, int) and not float(value).is_integer():
             raise ScalarTypeError(f"scalar {value!r} is not an integer for dtype {dt}")
-        info = np.iinfo(dt.str)
-        if not info.min <= int(value) <= info.max:
+        lo, hi = _INT_RANGE[dt]
+        if not lo <= int(value) <= hi:
             raise ScalarTypeError(f"scalar {value!r} does not fit in {dt}")
         return int(value)
-    limit = float(np.finfo(dt.str).max)
+    limit = _FLOAT_MAX[dt]
     try:
         magnitude = abs(float(value))
     except OverflowError:  # an int beyond any float

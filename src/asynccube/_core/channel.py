@@ -1,11 +1,12 @@
 """The channel: one actor task drains a queue of commands into the server.
 
 An idle actor with nothing queued lets the caller run its command at once (same thread,
-same order; the server's batch ends with the loop iteration; past 1 ms of such work in
-one iteration commands go to the actor; what a server's ``FastLaunch`` or ``FastSync``
+same order; the server's batch ends with the loop iteration; past the batch budget of
+such work in one iteration, 1 ms unless ``streaming.batch_us`` says otherwise, commands
+go to the actor; what a server's ``FastLaunch`` or ``FastSync``
 runs inline on the same conditions, ``cuda/fast.py``, is not counted). Otherwise
-commands wait in a deque for the actor, which runs them in batches, yielding every
-millisecond of work. A fire-and-forget command's error is held for its stream and
+commands wait in a deque for the actor, which runs them in batches, yielding after each
+budget's worth of work. A fire-and-forget command's error is held for its stream and
 raised by the next awaited command there. Awaited commands resolve a future through
 the completion watcher, on the backend's loop (:mod:`.backend`: asyncio's own, or
 trio's adapter). If the actor dies, every pending and later awaitable fails at once
@@ -63,6 +64,7 @@ class Channel:
         "_stop",
         "_wakeup",
         "backend",
+        "budget",
         "guard",
         "loop",
         "server",
@@ -70,9 +72,16 @@ class Channel:
         "watcher",
     )  # fmt: skip (slots: the hot path's FastLaunch reads several per launch)
 
-    def __init__(self, server: ComputeServer, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        server: ComputeServer,
+        loop: asyncio.AbstractEventLoop,
+        budget: float = _BATCH_SECONDS,
+    ) -> None:
         self.server = server
         self.loop = loop
+        self.budget = budget
+        """Seconds of commands run in one loop iteration before yielding (see above)."""
         self.backend = backend_of(loop)
         self._cancelled = self.backend.cancelled
         self.state = State.OPEN
@@ -147,7 +156,7 @@ class Channel:
 
     def _inline_budget(self) -> bool:
         """True while this loop iteration has run less than the batch budget inline."""
-        return self._inline_spent < _BATCH_SECONDS
+        return self._inline_spent < self.budget
 
     def _wake(self) -> None:
         wakeup = self._wakeup
@@ -234,7 +243,7 @@ class Channel:
     async def _drain(self) -> None:
         queue = self._queue
         clock = time.perf_counter
-        deadline = clock() + _BATCH_SECONDS
+        deadline = clock() + self.budget
         activate = self._activate
         while queue and not self._stop:
             op, args = queue.popleft()
@@ -246,7 +255,7 @@ class Channel:
             if clock() > deadline:
                 self._end_batch()
                 await self.backend.checkpoint()
-                deadline = clock() + _BATCH_SECONDS
+                deadline = clock() + self.budget
         self._end_batch()
 
     def fire(self, stream: StreamId, fn: Callable[..., Any], *args: Any) -> None:

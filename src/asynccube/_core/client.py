@@ -59,11 +59,18 @@ class ComputeClient(ClientCore):
     ``trio.from_thread.run(fn, trio_token=client.loop.token)``); a call from elsewhere
     raises LoopMismatchError. Methods returning futures queue their command at once, so
     ``fut = client.read(...)`` orders the read before any later call even before it is
-    awaited.
+    awaited. ``batch_seconds`` bounds the commands run in one loop iteration before the
+    client yields (``streaming.batch_us`` when opened through ``open_client``).
     """
 
-    def __init__(self, server: ComputeServer, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(server, loop)
+    def __init__(
+        self,
+        server: ComputeServer,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        batch_seconds: float = 0.001,
+    ) -> None:
+        super().__init__(server, loop, batch_seconds=batch_seconds)
         self._profile_ids = itertools.count(1)
         self._profiles: dict[int, ProfilingToken] = {}
         self._closing: asyncio.Future[Any] | None = None

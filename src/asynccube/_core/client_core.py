@@ -79,11 +79,19 @@ class ClientCore:
     memory, each sent through the channel to the actor that owns the server.
 
     Every method must be called from the loop the client was opened on.
+    ``batch_seconds``: the channel's budget of commands per loop iteration
+    (``streaming.batch_us``).
     """
 
-    def __init__(self, server: ComputeServer, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        server: ComputeServer,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        batch_seconds: float = 0.001,
+    ) -> None:
         self._server = server
-        self._channel = Channel(server, loop)
+        self._channel = Channel(server, loop, batch_seconds)
         # Optional server hooks: blocking work (compiling, loading, pinning memory) that
         # the actor runs in a worker thread before the command, never on the loop.
         self._prepare: Callable[..., Job | None] | None = getattr(server, "prepare", None)

@@ -217,6 +217,10 @@ class StreamingConfig:
         max_streams: Device streams in the pool (1 to 255); a stream's index in the
             pool is its id modulo ``max_streams``.
         priority: Priority of the device streams.
+        batch_us: Microseconds of commands a client runs in one loop iteration before
+            it yields (10 to 1,000,000): commands run inline by their callers, then each
+            slice of the actor's batch. Lower keeps the event loop's lag low under load;
+            higher runs more commands per iteration.
         logging: Level of ``asynccube.streaming`` (disabled, basic, full).
     """
 
@@ -224,6 +228,7 @@ class StreamingConfig:
     priority: StreamPriority = field(
         default=StreamPriority.NORMAL, metadata=_meta(_choice(tuple(StreamPriority)))
     )
+    batch_us: int = field(default=1000, metadata=_meta(_int_range(10, 1_000_000)))
     logging: LogLevel = field(default=LogLevel.DISABLED, metadata=_meta(_levels(*_BASIC_FULL)))
 
 

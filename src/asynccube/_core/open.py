@@ -43,7 +43,8 @@ async def connect(
         resolved = effective.config
         from_code = frozenset(k for k, src in effective.sources.items() if src == CODE_SOURCE)
     server = await make_server(device, resolved)
-    client = ComputeClient(server, backend.loop)
+    batch = resolved.streaming.batch_us * 1e-6
+    client = ComputeClient(server, backend.loop, batch_seconds=batch)
     client.config, client.config_from_code = resolved, from_code
     return client
 

@@ -1,0 +1,84 @@
+"""ScalarBinding packs Python numbers as numpy would, byte for byte, and shares one dtype
+object per scalar dtype."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import asynccube as ac
+from asynccube._core.bindings import SCALAR_DTYPES, ScalarBinding, scalar_dtype
+
+
+def _numpy_bytes(dt: np.dtype[np.generic], values: list[object]) -> bytes:
+    raw = np.array(values, dtype=dt).tobytes()
+    return raw + b"\0" * (-len(raw) % 8)
+
+
+def _values(dt: np.dtype[np.generic]) -> st.SearchStrategy[list[object]]:
+    if dt.kind in "iu":
+        info = np.iinfo(dt.str)
+        edge = st.sampled_from([int(info.min), int(info.max), 0])
+        one: st.SearchStrategy[object] = st.integers(int(info.min), int(info.max)) | edge
+    else:
+        top = float(np.finfo(dt.str).max)
+        edge = st.sampled_from([top, -top, 0.0, -0.0, math.inf, -math.inf, 5e-324])
+        one = st.floats(-top, top, allow_subnormal=True) | edge
+        one = one | st.integers(-int(top), int(top))
+    return st.lists(one, min_size=0, max_size=9)
+
+
+@pytest.mark.parametrize("dt", SCALAR_DTYPES, ids=[d.name for d in SCALAR_DTYPES])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_python_numbers_pack_as_numpy_packs_them(
+    dt: np.dtype[np.generic], data: st.DataObject
+) -> None:
+    values = data.draw(_values(dt))
+    sb = ScalarBinding(dt, values)
+    assert sb.data == _numpy_bytes(dt, values)
+    assert sb.length == len(values)
+    np.testing.assert_array_equal(sb.values(), np.array(values, dtype=dt))
+
+
+def test_nan_and_numpy_scalars_pack_as_numpy_does() -> None:
+    f32 = np.dtype(np.float32)
+    mixed = [math.nan, np.float32(1.5), np.float64(2.25), np.int64(7)]
+    assert ScalarBinding(f32, mixed).data == _numpy_bytes(f32, [math.nan, 1.5, 2.25, 7])
+    u8 = np.dtype(np.uint8)
+    assert ScalarBinding(u8, [np.int64(255), np.uint8(3), 4.0]).data == _numpy_bytes(
+        u8, [255, 3, 4]
+    )
+    assert ScalarBinding(u8, 9).data == _numpy_bytes(u8, [9])  # one value, not a list
+    arr = np.arange(3, dtype=np.int16)
+    assert ScalarBinding(np.int16, arr).data == _numpy_bytes(np.dtype(np.int16), [0, 1, 2])
+
+
+def test_every_spelling_of_a_dtype_gives_the_one_dtype_object() -> None:
+    u32 = scalar_dtype(np.uint32)
+    for spelling in ("uint32", np.dtype("uint32"), np.dtype(">u4"), "=u4", np.dtype("<u4")):
+        assert scalar_dtype(spelling) is u32
+    assert ac.Bindings().with_scalar("uint32", [1]).scalars[u32].ty is u32
+
+
+@pytest.mark.parametrize(
+    ("ty", "values", "match"),
+    [
+        (np.uint32, [-1], "does not fit in uint32"),
+        (np.int8, [128], "does not fit in int8"),
+        (np.uint16, [1.5], "not an integer"),
+        (np.int32, [True], "not a number"),
+        (np.float16, [70000.0], "does not fit in float16"),
+        (np.int32, ["3"], "not a number"),
+        (np.complex64, [1], "not supported"),
+        ([("a", "u4")], [1], "not supported"),  # unhashable, still refused
+        ("no such dtype", [1], "not a numpy dtype"),
+    ],
+)
+def test_bad_scalars_are_refused_with_the_reason(ty: object, values: object, match: str) -> None:
+    with pytest.raises(ac.ScalarTypeError, match=match):
+        ScalarBinding(ty, values)  # type: ignore[arg-type]
