@@ -349,3 +349,9 @@ async def test_the_batch_budget_comes_from_the_configuration() -> None:
     with pytest.raises(ac.ConfigError, match="batch_us"):
         async with ac.open_client("host", config={"streaming": {"batch_us": 5}}):
             pass
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf"), 5000, "1", True])
+async def test_a_batch_budget_that_is_not_a_duration_is_refused(bad: object) -> None:
+    with pytest.raises(ac.InvalidArgument, match="batch_seconds must be"):
+        ac.ComputeClient(ac.HostServer(), asyncio.get_running_loop(), batch_seconds=bad)  # type: ignore[arg-type]

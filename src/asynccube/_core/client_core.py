@@ -90,6 +90,13 @@ class ClientCore:
         *,
         batch_seconds: float = 0.001,
     ) -> None:
+        if isinstance(batch_seconds, bool) or not isinstance(batch_seconds, int | float):
+            raise InvalidArgument(f"batch_seconds must be a number, got {batch_seconds!r}")
+        if not 1e-6 <= batch_seconds <= 1000:  # NaN fails too
+            raise InvalidArgument(
+                f"batch_seconds must be from 1e-6 to 1000 seconds, got {batch_seconds!r} "
+                "(streaming.batch_us takes microseconds)"
+            )
         self._server = server
         self._channel = Channel(server, loop, batch_seconds)
         # Optional server hooks: blocking work (compiling, loading, pinning memory) that
