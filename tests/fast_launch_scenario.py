@@ -36,11 +36,12 @@ U, C = ac.ExecutionMode.UNCHECKED, ac.ExecutionMode.CHECKED
 class Setup:
     """A client on the fake server, three buffers bound to the add kernel, loaded."""
 
-    def __init__(self, recorder: KernelRecorder | None = None) -> None:
+    def __init__(self, recorder: KernelRecorder | None = None, batch_seconds: float = 1e-3) -> None:
         self.server = bench_overhead._server()
         if recorder is not None:
             self.server.recorder = recorder
-        self.client = ComputeClient(self.server, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        self.client = ComputeClient(self.server, loop, batch_seconds=batch_seconds)
         self.handles = [self.client.empty(4 * N) for _ in range(3)]
         self.bindings = (
             ac.Bindings()
@@ -300,6 +301,39 @@ async def sync_taken() -> None:
     await s.client.close()
 
 
+async def queued() -> None:
+    """Launches that wait for the actor (the budget spent: commands queue) are taken by
+    ``queued`` when the actor runs them, with the route's bookkeeping; a new grid under
+    CHECKED is left to the route; a failed launch is held for its stream."""
+    s = await Setup(batch_seconds=1e-6).ready()
+    fast = s.client._fast
+    q0, qd0 = fast.queued_stats
+    sid, cursor = s.stamp()
+    s.client.create(bytes(16))  # inline: the budget of this loop iteration is spent
+    s.client.create(bytes(16))  # queued, and every command after it
+    for _ in range(10):
+        s.client.execute(ADD, s.count, s.bindings, U)
+    s.client.execute(ADD, ac.CubeCount(N // 128), s.bindings)  # CHECKED, a new grid
+    assert fast.queued_stats == (q0, qd0), "nothing ran before the actor"
+    await s.client.sync()
+    assert fast.queued_stats == (q0 + 10, qd0 + 1), fast.queued_stats
+    new_sid, new_cursor = s.stamp()
+    # stamped on the task's stream, past the 11 launches (the creates move the cursor too)
+    assert new_sid == sid and new_cursor >= cursor + 11, (sid, cursor, new_sid, new_cursor)
+    s.client.create(bytes(16))
+    s.client.create(bytes(16))
+    s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # the fake driver fails it
+    raised: BaseException | None = None
+    try:
+        await s.client.sync()
+    except ac.DeviceError as exc:
+        raised = exc
+    assert raised is not None and "cuLaunchKernel(fl_add)" in str(raised), raised
+    assert fast.queued_stats == (q0 + 11, qd0 + 1), fast.queued_stats
+    await s.client.sync()
+    await s.client.close()
+
+
 def bench_overhead_lib() -> ctypes.CDLL:
     """The no-op libcuda.so.1 that install_fake() loaded."""
     from asynccube._core.cuda import driver
@@ -344,6 +378,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         read_declined,
         read_error,
         sync_taken,
+        queued,
     )
 }
 SCENARIOS["closed"] = closed

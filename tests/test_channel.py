@@ -305,13 +305,14 @@ class _SlowBatches(ac.HostServer):
 
     def __init__(self) -> None:
         super().__init__()
-        self.batches = 0
+        self.batches = self.launches = 0
 
     def execute(self, *args: Any) -> None:
         deadline = time.perf_counter() + 200e-6
         while time.perf_counter() < deadline:
             pass
         super().execute(*args)
+        self.launches += 1
 
     def end_batch(self) -> None:
         self.batches += 1
@@ -342,6 +343,29 @@ async def test_the_batch_budget_bounds_the_work_of_one_loop_iteration(
         assert server.batches >= 10
 
 
+async def test_the_channel_is_idle_once_every_command_ran() -> None:
+    """The actor yields after each command here (a budget of 1 µs): once the last one
+    ran, the channel is idle even while the actor still sits in that yield (a DLPack
+    export or a fast sync right after ``await client.sync()`` must not be refused)."""
+    server = _SlowBatches()
+    client = ac.ComputeClient(server, asyncio.get_running_loop(), batch_seconds=1e-6)
+    try:
+        await client.sync()
+        base = server.launches
+        for _ in range(3):  # the first runs inline, the others wait for the actor
+            client.execute(NOOP, ac.CubeCount(1), ac.Bindings())
+        seen: list[bool] = []
+        for _ in range(1000):  # (bounded: a lost command fails, it does not hang)
+            if len(seen) == 3:
+                break
+            if server.launches - base == 3:
+                seen.append(client._channel.idle())
+            await asyncio.sleep(0)
+        assert seen == [True, True, True]
+    finally:
+        await client.close()
+
+
 async def test_the_batch_budget_comes_from_the_configuration() -> None:
     async with ac.open_client("host", config={"streaming": {"batch_us": 250}}) as client:
         assert client.config is not None and client.config.streaming.batch_us == 250
@@ -355,3 +379,24 @@ async def test_the_batch_budget_comes_from_the_configuration() -> None:
 async def test_a_batch_budget_that_is_not_a_duration_is_refused(bad: object) -> None:
     with pytest.raises(ac.InvalidArgument, match="batch_seconds must be"):
         ac.ComputeClient(ac.HostServer(), asyncio.get_running_loop(), batch_seconds=bad)  # type: ignore[arg-type]
+
+
+async def test_launches_that_waited_for_the_actor_run_in_order(device: str) -> None:
+    """The first launch of a kernel loads it in a worker thread, so the launches sent
+    after it wait for the actor; they run in order (on CUDA through
+    ``FastLaunch.queued``): out = a + b, then out = out + b, nine times."""
+    n = 4096
+    a = np.arange(n, dtype=np.float32)
+    b = np.full(n, 0.5, np.float32)
+    async with ac.open_client(device) as client:
+        ha, hb, out = client.create(a), client.create(b), client.empty(4 * n)
+        fast = client._fast
+        before = tuple(fast.queued_stats) if fast is not None else (0, 0)
+        client.execute(ADD, blocks(n), add_bindings(ha, hb, out, n))
+        for _ in range(9):
+            client.execute(ADD, blocks(n), add_bindings(out, hb, out, n))
+        got = await client.read_array(out, np.float32)
+        if fast is not None:
+            hits, _ = fast.queued_stats
+            assert hits - before[0] == 9, (before, tuple(fast.queued_stats))
+    np.testing.assert_array_equal(got, a + 10 * b)

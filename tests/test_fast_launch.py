@@ -24,6 +24,7 @@ SCENARIOS = {
     "fast_launch_scenario.py": (
         "taken", "declined", "scalar_dtype", "other_stream", "new_task", "launch_error",
         "foreign_handle", "profiling", "read_taken", "read_declined", "read_error", "sync_taken",
+        "queued",
         "closed",
     ),
     "fast_alloc_scenario.py": (
@@ -64,6 +65,16 @@ def test_a_closed_channel_is_left_to_the_route(hot: Any) -> None:
     assert tuple(fast.stats) == (0, 2)
     with pytest.raises(TypeError):
         fast(1, 2, 3)
+
+
+def test_a_queued_launch_on_a_closed_channel_is_left_to_the_route(hot: Any) -> None:
+    fast = hot.FastLaunch(*_args())
+    assert fast.queued(None, None, None, None, None) is False
+    assert fast.queued(1, 2, 3, 4, 5) is False
+    assert tuple(fast.queued_stats) == (0, 2)
+    assert tuple(fast.stats) == (0, 0)  # counted apart from the callers' launches
+    with pytest.raises(TypeError):
+        fast.queued(1, 2, 3, 4)
 
 
 def test_set_alloc_checks_its_arguments(hot: Any) -> None:

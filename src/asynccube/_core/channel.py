@@ -63,6 +63,7 @@ class Channel:
         "_queue",
         "_stop",
         "_wakeup",
+        "_yielding",
         "backend",
         "budget",
         "guard",
@@ -98,6 +99,8 @@ class Channel:
         self._death: BaseException | None = None
         self._stop = False
         self._batch_end_scheduled = False
+        self._yielding = False
+        """True while the actor yields between two slices of its batch (all run so far)."""
         self._inline_spent = 0.0
         """Seconds of commands run inline in this loop iteration (reset at its end)."""
         self.watcher = CompletionWatcher(loop, self.backend.checkpoint)
@@ -127,9 +130,10 @@ class Channel:
         return self._unusable()
 
     def idle(self) -> bool:
-        """True when every sent command has run: the actor sleeps and nothing is queued
-        (a command waiting on a worker-thread job, a compile say, keeps it busy)."""
-        return self._wakeup is not None and not self._queue
+        """True when every sent command has run: nothing is queued, and the actor sleeps
+        or yields between two slices of its batch (a command waiting on a worker-thread
+        job, a compile say, keeps it busy)."""
+        return not self._queue and (self._wakeup is not None or self._yielding)
 
     def _unusable(self) -> AsyncCubeError:
         if self.state is State.DEAD:
@@ -254,7 +258,11 @@ class Channel:
                 await pending
             if clock() > deadline:
                 self._end_batch()
-                await self.backend.checkpoint()
+                self._yielding = True
+                try:
+                    await self.backend.checkpoint()
+                finally:
+                    self._yielding = False
                 deadline = clock() + self.budget
         self._end_batch()
 

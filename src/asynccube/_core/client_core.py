@@ -391,6 +391,9 @@ class ClientCore:
         bindings: Bindings,
         mode: ExecutionMode,
     ) -> Any:
+        fast = self._fast  # a queued launch: the server's one-call route first (CUDA)
+        if fast is not None and fast.queued(kernel, count, bindings, mode, stream):
+            return None
         prepare = self._prepare
         if prepare is None or (count.binding is None and kernel.id in self._loaded):
             job = None

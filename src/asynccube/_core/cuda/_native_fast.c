@@ -240,6 +240,35 @@ static PyObject *fast_vectorcall(PyObject *self, PyObject *const *a, size_t narg
     return fast_call((FastLaunch *)self, a, nargsf, kw);
 }
 
+/* fast.queued(kernel, count, bindings, mode, sid) -> bool: the launch as the actor runs
+ * it from its queue (ClientCore._execute): the same route, on the StreamId it was sent
+ * with, without the caller's checks (its loop, an idle actor) or after(): the actor
+ * ends its batch itself. */
+static PyObject *fast_queued(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    FastLaunch *f = (FastLaunch *)self;
+    if (nargs_ok(n, 5, "FastLaunch.queued") < 0) return NULL;
+    Refs r;
+    r.n = 0;
+    Plan p;
+    memset(&p, 0, offsetof(Plan, mids));
+    PyObject *result = NULL;
+    if (!plan_queued(f, &r, &p, a)) {
+        PyErr_Clear();
+        f->q_declined++;
+        result = Py_NewRef(Py_False);
+    } else if (commit(f, &r, &p) == 0 && run(f, &p) == 0) {
+        f->q_hits++;
+        result = Py_NewRef(Py_True);
+    }
+    for (int i = 0; i < r.n; i++) Py_DECREF(r.ref[i]);
+    return result;
+}
+
+static PyObject *fast_queued_stats(PyObject *self, void *unused) {
+    FastLaunch *f = (FastLaunch *)self;
+    return Py_BuildValue("(KK)", f->q_hits, f->q_declined);
+}
+
 
 static PyObject *fast_stats(PyObject *self, void *unused) {
     FastLaunch *f = (FastLaunch *)self;
@@ -247,6 +276,8 @@ static PyObject *fast_stats(PyObject *self, void *unused) {
 }
 
 static PyMethodDef fast_methods[] = {
+    {"queued", (PyCFunction)(void (*)(void))fast_queued, METH_FASTCALL,
+     "queued(kernel, count, bindings, mode, sid) -> bool: a launch the actor runs"},
     {"read", fast_read, METH_O,
      "read(item) -> a future of [bytes], or None: the Python route takes it (fast.py)"},
     {"set_read", fast_set_read, METH_VARARGS,
@@ -261,6 +292,8 @@ static PyMethodDef fast_methods[] = {
 
 static PyGetSetDef fast_getset[] = {
     {"stats", fast_stats, NULL, "(launches taken, launches left to the Python route)", NULL},
+    {"queued_stats", fast_queued_stats, NULL, "stats of queued(): (taken, left to the route)",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -55,7 +55,7 @@ typedef struct {
     Py_ssize_t h_off[6], t_off[2];
     unsigned sh_val[4], go_val[3];
     unsigned long long fn_val, st_val;
-    unsigned long long hits, declined;
+    unsigned long long hits, declined, q_hits, q_declined;
 } FastLaunch;
 /* Owned references taken during one call, released together. */
 typedef struct {
@@ -107,6 +107,7 @@ int as_long(PyObject *o, long *out);
 /* Everything the launch of a[0..3] (kernel, count, bindings, mode) needs, or 0 (an
  * error may be set) when the Python route must take it; nothing is changed. */
 int plan(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a);
+int plan_queued(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a);
 
 /* The same for a read of `item` (a Handle or Binding): channel, no held error, stream,
  * address, size (p->nbytes), stream slot; 0 when the Python route must take it. */

@@ -101,14 +101,24 @@ int stream_of(FastLaunch *f, Refs *r, Plan *p) {
     return (p->sid = keep(r, PyObject_CallNoArgs(f->current_sid))) != NULL;
 }
 
-/* The channel is open, on its loop, capture-free and its actor idle with nothing queued.
- * Unlike a command of the Python route, a launch taken here runs inline past the
- * channel's 1 ms budget: it costs the caller about what queueing it would (the caller
- * holds the loop either way), and the actor would only spend more on it later. */
-int channel_ready(FastLaunch *f, Refs *r, Plan *p) {
+/* The channel is open and capture-free, no recorder is on, and the device's context is
+ * current, as driver.set_current last made it on this thread (the Python route's
+ * activate(); asking the driver costs a driver call). */
+static int device_ready(FastLaunch *f, Refs *r) {
     PyObject *c = f->channel, *o;
     if ((o = get(r, c, N_STATE)) == NULL || o != f->open_state) return 0;
     if ((o = get(r, c, N_GUARD)) == NULL || o != Py_None) return 0;
+    if (get(r, f->recorder, N_ENABLED) != Py_False) return 0;
+    return get(r, f->tls, N_CONTEXT) == f->context && cu.lib != NULL;
+}
+
+/* device_ready, called on the channel's loop, and its actor idle with nothing queued.
+ * Unlike a command of the Python route, a launch taken here runs inline past the
+ * channel's budget: it costs the caller about what queueing it would (the caller
+ * holds the loop either way), and the actor would only spend more on it later. */
+int channel_ready(FastLaunch *f, Refs *r, Plan *p) {
+    PyObject *c = f->channel, *o;
+    if (!device_ready(f, r)) return 0;
     PyObject *loop = keep(r, PyObject_CallNoArgs(f->get_loop));
     if (loop == NULL) return 0;
     if (loop != f->loop) {
@@ -121,12 +131,7 @@ int channel_ready(FastLaunch *f, Refs *r, Plan *p) {
     if ((o = get(r, c, N_STOP)) == NULL || o != Py_False) return 0;
     if ((o = get(r, c, N_SCHEDULED)) == NULL) return 0;
     p->scheduled = o == Py_True;
-    PyObject *enabled = get(r, f->recorder, N_ENABLED);
-    if (enabled != Py_False) return 0;
-    /* The device's context is current, as driver.set_current last made it on this
-     * thread (the Python route's activate(); asking the driver costs a driver call). */
-    PyObject *current = get(r, f->tls, N_CONTEXT);
-    return current == f->context && cu.lib != NULL;
+    return 1;
 }
 
 static int u32_of(PyObject *o, unsigned *out) {
@@ -272,14 +277,16 @@ int wrapper_of(FastLaunch *f, Refs *r, Plan *p, long own) {
     return p->wrapper != NULL && p->wrapper != Py_None;
 }
 
-int plan(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a) {
+static int types_ok(FastLaunch *f, PyObject *const *a) {
+    return Py_TYPE(a[0]) == (PyTypeObject *)f->kernel_t &&
+           Py_TYPE(a[1]) == (PyTypeObject *)f->count_t &&
+           Py_TYPE(a[2]) == (PyTypeObject *)f->bindings_t &&
+           Py_TYPE(a[3]) == (PyTypeObject *)f->mode_t;
+}
+
+/* Everything after the stream (p->sid): the launch's own checks and lookups. */
+static int plan_launch(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a) {
     PyObject *kernel = a[0], *count = a[1], *bindings = a[2], *mode = a[3], *o;
-    if (Py_TYPE(kernel) != (PyTypeObject *)f->kernel_t ||
-        Py_TYPE(count) != (PyTypeObject *)f->count_t ||
-        Py_TYPE(bindings) != (PyTypeObject *)f->bindings_t ||
-        Py_TYPE(mode) != (PyTypeObject *)f->mode_t)
-        return 0;
-    if (!channel_ready(f, r, p) || !stream_of(f, r, p)) return 0;
     if ((o = get(r, count, N_BINDING)) == NULL || o != Py_None) return 0;
     if ((o = get(r, bindings, N_TMAPS)) == NULL ||
         (PyList_CheckExact(o) ? PyList_GET_SIZE(o) : PyObject_Length(o)) != 0)
@@ -304,6 +311,18 @@ int plan(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a) {
     long own;
     if (!own_slot(f, r, p, buffers, &own)) return 0;
     return (p->stream = get(r, p->wrapper, N_STREAM)) != NULL;
+}
+
+int plan(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a) {
+    if (!types_ok(f, a) || !channel_ready(f, r, p) || !stream_of(f, r, p)) return 0;
+    return plan_launch(f, r, p, a);
+}
+
+/* A launch the actor runs from its queue (a[4]: the StreamId it was sent with). */
+int plan_queued(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a) {
+    if (!types_ok(f, a) || !device_ready(f, r)) return 0;
+    p->sid = a[4];
+    return plan_launch(f, r, p, a);
 }
 
 

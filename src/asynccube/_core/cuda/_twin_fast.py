@@ -46,8 +46,8 @@ class FastLaunch:
     """``FastLaunch(...)(kernel, count, bindings, mode) -> bool`` (see :mod:`.fast`)."""
 
     __slots__ = (
-        "_allocator", "_declined", "_hits", "addresses", "binding_t", "bindings_t", "call_soon",
-        "channel", "checked", "context", "count_t", "create_future",
+        "_allocator", "_declined", "_hits", "_q_declined", "_q_hits", "addresses", "binding_t",
+        "bindings_t", "call_soon", "channel", "checked", "context", "count_t", "create_future",
         "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
         "handle_t", "hold", "kernel_t", "kernels", "last_use", "later", "loop",
         "max_streams", "mode_t", "on_loop", "open_state", "owned", "packs", "pinned",
@@ -69,7 +69,7 @@ class FastLaunch:
         if not isinstance(max_streams, int) or not 1 <= max_streams <= 1 << 20:
             raise InvalidArgument(f"max_streams must be in [1, 2**20], got {max_streams!r}")
         self.max_streams = max_streams
-        self._hits = self._declined = 0
+        self._hits = self._declined = self._q_hits = self._q_declined = 0
         self.small_reads: Any = None
         self._allocator: Allocator | None = None
 
@@ -168,17 +168,49 @@ class FastLaunch:
         self._hits += 1
         return True
 
+    def queued(self, kernel: Any, count: Any, bindings: Any, mode: Any, sid: Any) -> bool:
+        """The launch as the actor runs it from its queue, on the StreamId it was sent
+        with: the same route without the caller's checks or ``ran_inline`` (see fast.py)."""
+        try:
+            p = None
+            if self._types_ok(kernel, count, bindings, mode) and self._device_ready():
+                p = _Plan()
+                p.sid = sid
+                p = self._plan_launch(p, kernel, count, bindings, mode)
+        except Exception:  # the Python route meets (and raises) whatever stopped this one
+            p = None
+        if p is None:
+            self._q_declined += 1
+            return False
+        self._commit(p)
+        self._run(p, kernel)
+        self._q_hits += 1
+        return True
+
+    @property
+    def queued_stats(self) -> tuple[int, int]:
+        """Stats of :meth:`queued`: (taken, left to the Python route)."""
+        return self._q_hits, self._q_declined
+
+    def _types_ok(self, kernel: Any, count: Any, bindings: Any, mode: Any) -> bool:
+        return (
+            type(kernel) is self.kernel_t
+            and type(count) is self.count_t
+            and type(bindings) is self.bindings_t
+            and type(mode) is self.mode_t
+        )
+
     def _plan(self, kernel: Any, count: Any, bindings: Any, mode: Any) -> _Plan | None:
-        if (
-            type(kernel) is not self.kernel_t
-            or type(count) is not self.count_t
-            or type(bindings) is not self.bindings_t
-            or type(mode) is not self.mode_t
-        ):
+        if not self._types_ok(kernel, count, bindings, mode):
             return None
         p = _Plan()
         if not self._channel_ready(p) or not self._stream_of(p):
             return None
+        return self._plan_launch(p, kernel, count, bindings, mode)
+
+    def _plan_launch(
+        self, p: _Plan, kernel: Any, count: Any, bindings: Any, mode: Any
+    ) -> _Plan | None:
         if count.binding is not None or len(bindings.tensor_maps) != 0:
             return None
         loaded = self.kernels.get(kernel.id)
@@ -196,20 +228,24 @@ class FastLaunch:
         p.stream = p.wrapper.stream
         return p
 
-    def _channel_ready(self, p: _Plan) -> bool:
+    def _device_ready(self) -> bool:
         c = self.channel
         if c.state is not self.open_state or c.guard is not None:
-            return False
-        if self.get_loop() is not self.loop and (
-            self.on_loop is None or self.on_loop() is not True
-        ):
-            return False
-        if c._wakeup is None or len(c._queue) != 0 or c._stop is not False:
             return False
         if self.recorder.enabled is not False or not _need_driver_open():
             return False
         # as driver.set_current last made it on this thread (the route's activate())
         return getattr(self.tls, "context", None) is self.context
+
+    def _channel_ready(self, p: _Plan) -> bool:
+        if not self._device_ready():
+            return False
+        if self.get_loop() is not self.loop and (
+            self.on_loop is None or self.on_loop() is not True
+        ):
+            return False
+        c = self.channel
+        return c._wakeup is not None and len(c._queue) == 0 and c._stop is False
 
     def _stream_of(self, p: _Plan) -> bool:
         pinned = self.pinned.get()
