@@ -44,15 +44,20 @@ from _service_app import OURS, PEERS
 HERE = Path(__file__).resolve().parent
 
 
-def _spawn(args: list[str]) -> subprocess.Popen[str]:
+def child_env() -> dict[str, str]:
+    """This environment with the checkout's ``src`` first on PYTHONPATH."""
     env = dict(os.environ)
     src = str(HERE.parent / "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _spawn(args: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(HERE / "_service_app.py"), *args],
         stdout=subprocess.PIPE,
         text=True,
-        env=env,
+        env=child_env(),
     )
 
 
@@ -87,20 +92,7 @@ def run_one(peer: str, loop: str, args: argparse.Namespace) -> dict[str, Any]:
         first = _first_line(server, 120)
         if not first.startswith("PORT "):
             return {"skipped": first.removeprefix("SKIP ")}
-        url = f"http://127.0.0.1:{first.split()[1]}"
-        load_loop = "uvloop" if _has_uvloop() else "asyncio"  # the lighter client
-        start = time.time() + args.warmup + 1.0  # the load processes start meanwhile
-        per = [args.clients // args.procs + (i < args.clients % args.procs)
-               for i in range(args.procs)]  # fmt: skip
-        loads = [
-            _spawn(["load", url, "--clients", str(k), "--start", str(start),
-                    "--seconds", str(args.seconds), "--loop", load_loop])
-            for k in per
-        ]  # fmt: skip
-        outs = [
-            json.loads(p.communicate(timeout=args.seconds + args.warmup + 120)[0]) for p in loads
-        ]
-        stats = _get_json(f"{url}/stats?since={start}&until={start + args.seconds}")
+        outs, stats, _ = apply_load(f"http://127.0.0.1:{first.split()[1]}", args)
     finally:
         server.terminate()
         try:
@@ -123,6 +115,26 @@ def run_one(peer: str, loop: str, args: argparse.Namespace) -> dict[str, Any]:
         "first_error": next((o["first_error"] for o in outs if o["first_error"]), ""),
         "server": stats.get("info", ""),
     }
+
+
+def apply_load(
+    url: str, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], dict[str, Any], float]:
+    """``args.clients`` clients from ``args.procs`` load processes against ``url`` for
+    ``args.seconds`` after ``args.warmup``: each process's result, the server's lag
+    stats over that window, and the window's start (wall clock)."""
+    load_loop = "uvloop" if _has_uvloop() else "asyncio"  # the lighter client
+    start = time.time() + args.warmup + 1.0  # the load processes start meanwhile
+    per = [args.clients // args.procs + (i < args.clients % args.procs)
+           for i in range(args.procs)]  # fmt: skip
+    loads = [
+        _spawn(["load", url, "--clients", str(k), "--start", str(start),
+                "--seconds", str(args.seconds), "--loop", load_loop])
+        for k in per
+    ]  # fmt: skip
+    outs = [_load_result(p, args.seconds + args.warmup + 120) for p in loads]
+    stats = _get_json(f"{url}/stats?since={start}&until={start + args.seconds}")
+    return outs, stats, start
 
 
 def _get_json(url: str) -> dict[str, Any]:

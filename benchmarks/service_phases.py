@@ -19,15 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # bench_service and _service_app beside this file
 SPANS = (("call", "start", "sent"), ("queue", "sent", "run"), ("device", "run", "done"),
          ("wake", "done", "resumed"))  # fmt: skip
 
@@ -59,16 +58,14 @@ def _record_commands(records: list[dict[str, Any]]) -> None:
 
 def serve(loop: str, device: str, batch_us: int) -> None:
     """The service, answering ``lo hi`` lines on stdin with the handler's spans."""
-    sys.path.insert(0, str(HERE))
     import _service_app as app
 
     records: list[dict[str, Any]] = []
     handled: list[tuple[float, float, dict[str, Any] | None]] = []
     _record_commands(records)
-    make = app.make_handler
 
     async def timed_handler(peer: str, dev: str, stack: list[Any]) -> Any:
-        handle, info = await make(peer, dev, stack)
+        handle, info = await app._asynccube(dev, stack, batch_us)
 
         async def timed(body: bytes) -> bytes:
             start, task, mark = time.perf_counter(), asyncio.current_task(), len(records)
@@ -83,7 +80,6 @@ def serve(loop: str, device: str, batch_us: int) -> None:
         return timed, info
 
     app.make_handler = timed_handler
-    app.OURS["asynccube"] = batch_us
 
     async def main() -> None:
         server = asyncio.create_task(app.serve("asynccube", device))
@@ -109,14 +105,13 @@ def serve(loop: str, device: str, batch_us: int) -> None:
 
 
 def measure(args: argparse.Namespace, batch_us: int) -> str:
-    """One run of the service under load; its line of figures."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent / "src"),
-                                                      env.get("PYTHONPATH")]))  # fmt: skip
+    """One run of the service under load (``bench_service.apply_load``); its figures."""
+    from bench_service import apply_load, child_env
+
     cmd = [sys.executable, __file__, "--serve", "--loop", args.loop, "--device", args.device,
            "--batch-us", str(batch_us)]  # fmt: skip
     server = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env()
     )
     assert server.stdin is not None
     assert server.stdout is not None
@@ -124,20 +119,7 @@ def measure(args: argparse.Namespace, batch_us: int) -> str:
         first = server.stdout.readline().split()
         if first[:1] != ["PORT"]:
             return f"batch_us {batch_us}: the server did not start ({' '.join(first)})"
-        url = f"http://127.0.0.1:{first[1]}"
-        start = time.time() + args.warmup + 1.0
-        per = [args.clients // args.procs + (i < args.clients % args.procs)
-               for i in range(args.procs)]  # fmt: skip
-        loads = [subprocess.Popen([sys.executable, str(HERE / "_service_app.py"), "load", url,
-                                   "--clients", str(k), "--start", str(start), "--seconds",
-                                   str(args.seconds)], stdout=subprocess.PIPE, text=True,
-                                  env=env) for k in per]  # fmt: skip
-        outs = [
-            json.loads(p.communicate(timeout=args.seconds + args.warmup + 60)[0]) for p in loads
-        ]
-        query = f"{url}/stats?since={start}&until={start + args.seconds}"
-        with urllib.request.urlopen(query, timeout=30) as resp:
-            lag = json.loads(resp.read())["lag_p99_ms"]
+        outs, stats, start = apply_load(f"http://127.0.0.1:{first[1]}", args)
         server.stdin.write(f"{start} {start + args.seconds}\n")
         server.stdin.flush()
         handler = json.loads(server.stdout.readline())
@@ -148,9 +130,9 @@ def measure(args: argparse.Namespace, batch_us: int) -> str:
     bad = sum(o["mismatches"] + o["errors"] for o in outs)
     spans = " ".join(f"{k} {v:.2f}" for k, v in handler["spans"].items())
     return (f"{args.loop} clients {args.clients} batch_us {batch_us}: {len(lat) / args.seconds:.0f}"
-            f" requests/s, p50 {_p(lat, 0.5) / 1e3:.2f} ms, loop lag p99 {lag:.2f} ms; handler "
-            f"p50 {handler['p50']:.2f} p99 {handler['p99']:.2f} ms; spans p50 ms: {spans}; "
-            f"{bad} wrong")  # fmt: skip
+            f" requests/s, p50 {_p(lat, 0.5) / 1e3:.2f} ms, loop lag p99 "
+            f"{stats['lag_p99_ms']:.2f} ms; handler p50 {handler['p50']:.2f} p99 "
+            f"{handler['p99']:.2f} ms; spans p50 ms: {spans}; {bad} wrong")  # fmt: skip
 
 
 def main() -> None:

@@ -25,16 +25,24 @@ from typing import Any, TypeVar
 
 from .backend import backend_of
 from .completion import CompletionWatcher
-from .errors import AsyncCubeError, ClientClosedError, ClientDeadError, LoopMismatchError, Unknown
+from .errors import (
+    AsyncCubeError,
+    ClientClosedError,
+    ClientDeadError,
+    InvalidArgument,
+    LoopMismatchError,
+    Unknown,
+)
 from .held import HeldErrors, detach_frames
 from .server import Completion, ComputeServer
 from .stream_id import StreamId
 
-__all__ = ["Channel", "State"]
+__all__ = ["BATCH_SECONDS", "Channel", "State"]
 
 T = TypeVar("T")
 Op = Callable[..., Awaitable[None] | None]
-_BATCH_SECONDS = 0.001
+BATCH_SECONDS = 0.001
+"""The default budget of commands per loop iteration (``streaming.batch_us``: 1000)."""
 _PRUNE_AT = 256
 
 
@@ -77,11 +85,12 @@ class Channel:
         self,
         server: ComputeServer,
         loop: asyncio.AbstractEventLoop,
-        budget: float = _BATCH_SECONDS,
+        batch_seconds: float = BATCH_SECONDS,
     ) -> None:
+        _check_budget(batch_seconds)
         self.server = server
         self.loop = loop
-        self.budget = budget
+        self.budget = batch_seconds
         """Seconds of commands run in one loop iteration before yielding (see above)."""
         self.backend = backend_of(loop)
         self._cancelled = self.backend.cancelled
@@ -124,6 +133,11 @@ class Channel:
             )
         if self.guard is not None:
             self.guard(sys._getframe(1).f_code.co_name)
+
+    def in_actor(self) -> bool:
+        """True while the actor runs the queue (a caller running a command inline sees
+        False: the actor sleeps then)."""
+        return self._wakeup is None
 
     def unusable(self) -> AsyncCubeError:
         """The error a call on this closed or dead channel raises."""
@@ -428,6 +442,16 @@ class Channel:
             raise exc
 
         self.send(boom)
+
+
+def _check_budget(batch_seconds: object) -> None:
+    if isinstance(batch_seconds, bool) or not isinstance(batch_seconds, int | float):
+        raise InvalidArgument(f"batch_seconds must be a number, got {batch_seconds!r}")
+    if not 1e-6 <= batch_seconds <= 1000:  # NaN fails too
+        raise InvalidArgument(
+            f"batch_seconds must be from 1e-6 to 1000 seconds, got {batch_seconds!r} "
+            "(streaming.batch_us takes microseconds)"
+        )
 
 
 def _awaited(pending: Awaitable[None]) -> Awaitable[None]:

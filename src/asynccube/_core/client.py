@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .channel import State
+from .channel import BATCH_SECONDS, State
 from .client_args import _array_layout, _same_as_tensor
 from .client_core import ClientCore
 from .config import AsyncCubeConfig
@@ -68,7 +68,7 @@ class ComputeClient(ClientCore):
         server: ComputeServer,
         loop: asyncio.AbstractEventLoop,
         *,
-        batch_seconds: float = 0.001,
+        batch_seconds: float = BATCH_SECONDS,
     ) -> None:
         super().__init__(server, loop, batch_seconds=batch_seconds)
         self._profile_ids = itertools.count(1)

@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .bindings import Bindings, CubeCount
-from .channel import Channel, State
+from .channel import BATCH_SECONDS, Channel, State
 from .client_args import (
     DataLike,
     _bad_execute,
@@ -88,15 +88,8 @@ class ClientCore:
         server: ComputeServer,
         loop: asyncio.AbstractEventLoop,
         *,
-        batch_seconds: float = 0.001,
+        batch_seconds: float = BATCH_SECONDS,
     ) -> None:
-        if isinstance(batch_seconds, bool) or not isinstance(batch_seconds, int | float):
-            raise InvalidArgument(f"batch_seconds must be a number, got {batch_seconds!r}")
-        if not 1e-6 <= batch_seconds <= 1000:  # NaN fails too
-            raise InvalidArgument(
-                f"batch_seconds must be from 1e-6 to 1000 seconds, got {batch_seconds!r} "
-                "(streaming.batch_us takes microseconds)"
-            )
         self._server = server
         self._channel = Channel(server, loop, batch_seconds)
         # Optional server hooks: blocking work (compiling, loading, pinning memory) that
@@ -391,8 +384,9 @@ class ClientCore:
         bindings: Bindings,
         mode: ExecutionMode,
     ) -> Any:
-        fast = self._fast  # a queued launch: the server's one-call route first (CUDA)
-        if fast is not None and fast.queued(kernel, count, bindings, mode, stream):
+        fast = self._fast  # run by the actor (a caller running it inline was declined)
+        in_actor = fast is not None and self._channel.in_actor()
+        if in_actor and fast.queued(kernel, count, bindings, mode, stream):
             return None
         prepare = self._prepare
         if prepare is None or (count.binding is None and kernel.id in self._loaded):

@@ -210,58 +210,45 @@ int after(FastLaunch *f, Refs *r, Plan *p) {
     return res == NULL ? -1 : 0;
 }
 
-/* fast(kernel, count, bindings, mode) -> True (launched, or its error held) or False. */
-static PyObject *fast_call(FastLaunch *f, PyObject *const *a, size_t nargsf, PyObject *kw) {
-    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (kw != NULL || nargs_ok(n, 4, "FastLaunch") < 0) {
-        if (kw != NULL) PyErr_SetString(PyExc_TypeError, "FastLaunch takes no keywords");
-        return NULL;
-    }
+/* A launch offered by its caller (queued == 0: the caller's checks, then after()) or by
+ * the actor running it from its queue (queued == 1, a[4] its StreamId; the actor ends
+ * its batch itself). True: launched, or its error held; False: left to the route. */
+static PyObject *take(FastLaunch *f, PyObject *const *a, int queued) {
     Refs r;
     r.n = 0; /* (not = {0}: that would clear every slot, a few hundred words, per call) */
     Plan p;
     memset(&p, 0, offsetof(Plan, mids)); /* the arrays are filled up to p.n */
-    int ok = plan(f, &r, &p, a);
+    int ok = queued ? plan_queued(f, &r, &p, a) : plan(f, &r, &p, a);
     PyObject *result = NULL;
     if (!ok) {
         PyErr_Clear(); /* the Python route meets (and raises) whatever stopped this one */
-        f->declined++;
+        ++*(queued ? &f->q_declined : &f->declined);
         result = Py_NewRef(Py_False);
-    } else if (commit(f, &r, &p) == 0 && run(f, &p) == 0 && after(f, &r, &p) == 0) {
-        f->hits++;
+    } else if (commit(f, &r, &p) == 0 && run(f, &p) == 0 && (queued || after(f, &r, &p) == 0)) {
+        ++*(queued ? &f->q_hits : &f->hits);
         result = Py_NewRef(Py_True);
     }
     for (int i = 0; i < r.n; i++) Py_DECREF(r.ref[i]);
     return result;
 }
 
+/* fast(kernel, count, bindings, mode) -> bool: a launch as its caller offers it. */
 static PyObject *fast_vectorcall(PyObject *self, PyObject *const *a, size_t nargsf,
                                  PyObject *kw) {
-    return fast_call((FastLaunch *)self, a, nargsf, kw);
+    if (kw != NULL) {
+        PyErr_SetString(PyExc_TypeError, "FastLaunch takes no keywords");
+        return NULL;
+    }
+    if (nargs_ok(PyVectorcall_NARGS(nargsf), 4, "FastLaunch") < 0) return NULL;
+    return take((FastLaunch *)self, a, 0);
 }
 
 /* fast.queued(kernel, count, bindings, mode, sid) -> bool: the launch as the actor runs
  * it from its queue (ClientCore._execute): the same route, on the StreamId it was sent
- * with, without the caller's checks (its loop, an idle actor) or after(): the actor
- * ends its batch itself. */
+ * with, without the caller's checks (its loop, an idle actor) or after(). */
 static PyObject *fast_queued(PyObject *self, PyObject *const *a, Py_ssize_t n) {
-    FastLaunch *f = (FastLaunch *)self;
     if (nargs_ok(n, 5, "FastLaunch.queued") < 0) return NULL;
-    Refs r;
-    r.n = 0;
-    Plan p;
-    memset(&p, 0, offsetof(Plan, mids));
-    PyObject *result = NULL;
-    if (!plan_queued(f, &r, &p, a)) {
-        PyErr_Clear();
-        f->q_declined++;
-        result = Py_NewRef(Py_False);
-    } else if (commit(f, &r, &p) == 0 && run(f, &p) == 0) {
-        f->q_hits++;
-        result = Py_NewRef(Py_True);
-    }
-    for (int i = 0; i < r.n; i++) Py_DECREF(r.ref[i]);
-    return result;
+    return take((FastLaunch *)self, a, 1);
 }
 
 static PyObject *fast_queued_stats(PyObject *self, void *unused) {

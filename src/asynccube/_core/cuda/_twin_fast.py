@@ -155,36 +155,36 @@ class FastLaunch:
         return self._hits, self._declined
 
     def __call__(self, kernel: Any, count: Any, bindings: Any, mode: Any) -> bool:
-        try:
-            p = self._plan(kernel, count, bindings, mode)
-        except Exception:  # the Python route meets (and raises) whatever stopped this one
-            p = None
-        if p is None:
-            self._declined += 1
-            return False
-        self._commit(p)
-        self._run(p, kernel)
-        self.channel.ran_inline()  # as _native_fast.c's after()
-        self._hits += 1
-        return True
+        return self._take(False, kernel, count, bindings, mode, None)
 
     def queued(self, kernel: Any, count: Any, bindings: Any, mode: Any, sid: Any) -> bool:
         """The launch as the actor runs it from its queue, on the StreamId it was sent
         with: the same route without the caller's checks or ``ran_inline`` (see fast.py)."""
+        return self._take(True, kernel, count, bindings, mode, sid)
+
+    def _take(self, queued: bool, kernel: Any, count: Any, bindings: Any, mode: Any,
+              sid: Any) -> bool:  # fmt: skip
+        """As _native_fast.c's take(): plan, then launch, or leave it to the route."""
         try:
-            p = None
-            if self._types_ok(kernel, count, bindings, mode) and self._device_ready():
-                p = _Plan()
-                p.sid = sid
-                p = self._plan_launch(p, kernel, count, bindings, mode)
+            if queued:
+                p = self._plan_queued(kernel, count, bindings, mode, sid)
+            else:
+                p = self._plan(kernel, count, bindings, mode)
         except Exception:  # the Python route meets (and raises) whatever stopped this one
             p = None
         if p is None:
-            self._q_declined += 1
+            if queued:
+                self._q_declined += 1
+            else:
+                self._declined += 1
             return False
         self._commit(p)
         self._run(p, kernel)
-        self._q_hits += 1
+        if queued:
+            self._q_hits += 1
+        else:
+            self.channel.ran_inline()  # as _native_fast.c's after()
+            self._hits += 1
         return True
 
     @property
@@ -206,6 +206,15 @@ class FastLaunch:
         p = _Plan()
         if not self._channel_ready(p) or not self._stream_of(p):
             return None
+        return self._plan_launch(p, kernel, count, bindings, mode)
+
+    def _plan_queued(
+        self, kernel: Any, count: Any, bindings: Any, mode: Any, sid: Any
+    ) -> _Plan | None:
+        if not self._types_ok(kernel, count, bindings, mode) or not self._device_ready():
+            return None
+        p = _Plan()
+        p.sid = sid
         return self._plan_launch(p, kernel, count, bindings, mode)
 
     def _plan_launch(

@@ -31,10 +31,10 @@ else returns False before any state changed, and the caller takes the Python rou
 which handles the rest (and raises what it raises). ``stats`` counts both outcomes.
 
 ``fast.queued(kernel, count, bindings, mode, sid)`` is the same route for a launch that
-waited in the channel's queue, offered by ``ClientCore._execute`` when the actor (or a
-caller running it inline) runs it: on the StreamId it was sent with, on the same
-conditions less the caller's (its loop, an idle actor with nothing queued), and
-without ending the server's batch (the actor does). ``queued_stats`` counts it apart.
+waited in the channel's queue, offered by ``ClientCore._execute`` when the actor runs
+it (a caller running it inline was just declined): on the StreamId it was sent with,
+on the same conditions less the caller's (its loop, an idle actor with nothing queued),
+and without ending the server's batch (the actor does). ``queued_stats`` counts it apart.
 
 ``fast.read(item)`` does the same for an awaited read of one Handle or Binding of at
 most ``SMALL_READ`` bytes (``client.read([h])``), on the same conditions plus: no error
