@@ -3,8 +3,16 @@ generator (``load URL``). Run by bench_service.py, not by hand.
 
 ``serve PEER --loop L --device D`` prints ``PORT n`` once it listens on 127.0.0.1 (or
 ``SKIP reason`` and exits when PEER cannot run here), then serves ``POST /y`` and
-``GET /stats?since=T0&until=T1`` (the loop lag probe's p99/max over that wall-clock
-window). ``load URL --clients K --start T --seconds S`` runs K concurrent clients until
+``GET /stats?since=T0&until=T1`` (over that wall-clock window: the loop lag probe's
+p99/max, and the garbage collector's pauses, which stop the loop too: milliseconds per
+second, the longest, and the full collections; and since the start, the most requests
+inside the handler at once). With ``--gc-freeze`` the server calls
+``gc.freeze()`` once it is ready (what a service does to keep its start-up objects out
+of every later collection). With ``--admit N`` at most N requests are inside the
+handler at once; the others wait, their bodies unread (what a service does to bound the
+work one loop iteration takes on).
+
+``load URL --clients K --start T --seconds S`` runs K concurrent clients until
 ``T + S``, counts the requests completed inside ``[T, T + S]``, checks every response
 against numpy and prints one JSON object.
 """
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import sys
 import time
@@ -136,7 +145,35 @@ async def _lag_probe(samples: list[tuple[float, float]]) -> None:
         samples.append((time.time(), time.perf_counter() - t0 - 0.001))
 
 
-async def serve(peer: str, device: str) -> None:
+def _gc_probe(pauses: list[tuple[float, int, float]]) -> Callable[[str, Any], None]:
+    """A ``gc.callbacks`` entry recording (wall time, generation, seconds) per pause."""
+    started = [0.0]
+
+    def on_gc(phase: str, info: Any) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append((time.time(), int(info["generation"]), time.perf_counter() - started[0]))
+
+    return on_gc
+
+
+def _window_stats(
+    lags: list[tuple[float, float]], pauses: list[tuple[float, int, float]], lo: float, hi: float
+) -> dict[str, Any]:
+    window = sorted(lag for t, lag in lags if lo <= t <= hi) or [0.0]
+    p99 = window[min(len(window) - 1, int(0.99 * len(window)))]
+    gcs = [(gen, s) for t, gen, s in pauses if lo <= t <= hi]
+    return {
+        "lag_p99_ms": p99 * 1e3,
+        "lag_max_ms": window[-1] * 1e3,
+        "gc_ms_per_s": sum(s for _, s in gcs) * 1e3 / max(hi - lo, 1e-9),
+        "gc_max_ms": max((s for _, s in gcs), default=0.0) * 1e3,
+        "gc_full": sum(1 for gen, _ in gcs if gen == 2),
+    }
+
+
+async def serve(peer: str, device: str, freeze: bool = False, admit: int = 0) -> None:
     from aiohttp import web
 
     stack: list[Any] = []
@@ -146,17 +183,31 @@ async def serve(peer: str, device: str) -> None:
         print(f"SKIP {type(exc).__name__}: {exc}".replace("\n", " ")[:300], flush=True)
         return
     lags: list[tuple[float, float]] = []
+    pauses: list[tuple[float, int, float]] = []
     probe = asyncio.create_task(_lag_probe(lags))
+    gc.callbacks.append(_gc_probe(pauses))
+
+    gate = asyncio.Semaphore(admit) if admit > 0 else None
+    inside = [0, 0]  # requests in the handler now, and the most at once
+
+    async def compute(request: web.Request) -> web.Response:
+        inside[0] += 1
+        inside[1] = max(inside[1], inside[0])
+        try:
+            return web.Response(body=await handle(await request.read()))
+        finally:
+            inside[0] -= 1
 
     async def y(request: web.Request) -> web.Response:
-        return web.Response(body=await handle(await request.read()))
+        if gate is None:
+            return await compute(request)
+        async with gate:
+            return await compute(request)
 
     async def stats(request: web.Request) -> web.Response:
         lo, hi = float(request.query["since"]), float(request.query["until"])
-        window = sorted(lag for t, lag in lags if lo <= t <= hi) or [0.0]
-        p99 = window[min(len(window) - 1, int(0.99 * len(window)))]
-        body = {"lag_p99_ms": p99 * 1e3, "lag_max_ms": window[-1] * 1e3, "info": info}
-        return web.json_response(body)
+        stats = {**_window_stats(lags, pauses, lo, hi), "handler_max": inside[1]}
+        return web.json_response({**stats, "info": info})
 
     app = web.Application(client_max_size=4 << 20)
     app.add_routes([web.post("/y", y), web.get("/stats", stats)])
@@ -165,6 +216,9 @@ async def serve(peer: str, device: str) -> None:
     site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
     await site.start()
     port = runner.addresses[0][1]
+    if freeze:
+        gc.collect()
+        gc.freeze()
     print(f"PORT {port}", flush=True)
     try:
         await asyncio.Event().wait()  # until terminated
@@ -223,9 +277,11 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--start", type=float, default=0.0)
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--gc-freeze", action="store_true")
+    p.add_argument("--admit", type=int, default=0)
     a = p.parse_args()
     coro: Any = (
-        serve(a.target, a.device)
+        serve(a.target, a.device, a.gc_freeze, a.admit)
         if a.what == "serve"
         else load(a.target, a.clients, a.start, a.seconds)
     )

@@ -427,7 +427,7 @@ async def await_fd(c: CudaCompletion[Any], spin: float = 0.0) -> None:
 
 async def await_watcher(c: CudaCompletion[Any], watcher: Any) -> None:
     fut = asyncio.get_running_loop().create_future()
-    watcher.watch(c, lambda comp: fut.set_result(None))
+    watcher.watch(c, lambda comp: fut.set_result(None), spin=True)
     await fut
 
 

@@ -4,9 +4,10 @@
 # 1. the code before issue 11 (its src/ copied to baseline/src, when present) and
 # 2. the pure-Python fallback (ASYNCCUBE_NO_EXTENSIONS=1): bench_cuda's client section;
 # 3. bench_cuda.py, all figures beside their floors and peers (compiled hot path);
-# 4. bench_service.py on the GPU, asyncio and uvloop;
+# 4. bench_service.py on the GPU, asyncio and uvloop, then with --admit 4 (every server
+#    lets at most 4 requests into its handler: results/service_admit4);
 # 5. with PROFILE="scenario ...": py-spy --native profiles of profile_hot_path.py scenarios.
-# SKIP="baseline fallback cuda service" leaves parts out (one call has 10 minutes).
+# SKIP="baseline fallback cuda service admit" leaves parts out (one call has 10 minutes).
 # Leaves $OUT/results.tgz (benchmarks/results/ and the logs); then, here:
 #     tar xzf results.tgz -C benchmarks && python benchmarks/report.py
 cd "$(dirname "$0")/.." || exit 2
@@ -36,6 +37,11 @@ if ! skip service; then
         --seconds "${SERVICE_SECONDS:-3}" --warmup 1.5 >"$L/service.log" 2>&1
     echo "bench_service rc=$?"
 fi
+if ! skip admit; then
+    timeout 300 python3 benchmarks/bench_service.py --device cuda:0 --procs 4 --admit 4 \
+        --seconds "${SERVICE_SECONDS:-3}" --warmup 1.5 >"$L/service_admit.log" 2>&1
+    echo "bench_service --admit 4 rc=$?"
+fi
 if [ -n "${PROFILE:-}" ]; then  # py-spy --native of the hot path as it is now (asyncio)
     SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
     H=benchmarks/profile_hot_path.py
@@ -48,7 +54,8 @@ if [ -n "${PROFILE:-}" ]; then  # py-spy --native of the hot path as it is now (
 fi
 tar czf "$OUT/results.tgz" -C benchmarks results -C /tmp bench-logs
 [ -f "$L/cuda.log" ] && sed -n '/^## CUDA hot path/,$p' "$L/cuda.log"
-if [ -f "$L/service.log" ]; then
-    grep -E "^(asyncio|uvloop) " "$L/service.log" | cut -c1-200
-    sed -n '/^| server loop/,/^$/p' "$L/service.log"
-fi
+for log in "$L/service.log" "$L/service_admit.log"; do
+    [ -f "$log" ] || continue
+    grep -E "^(asyncio|uvloop) " "$log" | cut -c1-200
+    sed -n '/^| server loop/,/^$/p' "$log"
+done

@@ -87,7 +87,9 @@ def _load_result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
 
 def run_one(peer: str, loop: str, args: argparse.Namespace) -> dict[str, Any]:
     """One server process under load; its figures, or ``{"skipped": reason}``."""
-    server = _spawn(["serve", peer, "--loop", loop, "--device", args.device])
+    extra = ["--gc-freeze"] if args.gc_freeze else []
+    extra += ["--admit", str(args.admit)] if args.admit else []
+    server = _spawn(["serve", peer, "--loop", loop, "--device", args.device, *extra])
     try:
         first = _first_line(server, 120)
         if not first.startswith("PORT "):
@@ -109,6 +111,10 @@ def run_one(peer: str, loop: str, args: argparse.Namespace) -> dict[str, Any]:
         "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] / 1e3 if lat else None,
         "loop_lag_p99_ms": stats["lag_p99_ms"],
         "loop_lag_max_ms": stats["lag_max_ms"],
+        "gc_ms_per_s": stats["gc_ms_per_s"],
+        "gc_max_ms": stats["gc_max_ms"],
+        "gc_full": stats["gc_full"],
+        "handler_max": stats["handler_max"],
         "checked": sum(o["checked"] for o in outs),
         "mismatches": bad,
         "errors": errors,
@@ -196,28 +202,47 @@ def render(by_loop: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     for loop, peers in by_loop.items():
         for peer, r in peers.items():
             if "skipped" in r:
-                rows.append([loop, peer, "skipped", "-", "-", "-", r["skipped"][:90]])
+                rows.append([loop, peer, "skipped", "-", "-", "-", "-", r["skipped"][:90]])
                 continue
             ok = f"{r['checked']} checked, {r['mismatches']} wrong, {r['errors']} errors"
             rows.append([loop, peer, f"{r['requests_per_s']:.0f}",
                          f"{r['p50_ms']:.2f}" if r["p50_ms"] is not None else "-",
                          f"{r['p99_ms']:.2f}" if r["p99_ms"] is not None else "-",
-                         f"{r['loop_lag_p99_ms']:.2f}", ok])  # fmt: skip
+                         f"{r['loop_lag_p99_ms']:.2f}", _gc_text(r), ok])  # fmt: skip
     body = table(["loop", "service", "requests/s", "p50 ms", "p99 ms", "loop lag p99 ms",
-                  "responses vs numpy"], rows)  # fmt: skip
+                  "GC ms/s, longest, full", "responses vs numpy"], rows)  # fmt: skip
     goals = table(["server loop, service", "vs best non-blocking peer (goal >= 1.5x)",
                    "vs blocking CuPy handler (goal >= 1.0x)", "loop lag p99 ms (goal <= 2)",
                    "floor: numpy on the loop, no device", "goal"],
                   _verdicts(by_loop))  # fmt: skip
+    return f"{body}\n\n{goals}\n\n{_how(args)}"
+
+
+def _how(args: argparse.Namespace) -> str:
+    """The paragraph under the tables: the load, the floor, the options, the command."""
+    frozen = ", with every server's start-up objects frozen (`gc.freeze()`)"
+    bound = f"Every server lets at most {args.admit} requests into its handler at once (the "
+    options = (frozen if args.gc_freeze else "") + ". "
+    options += bound + "others wait, their bodies unread). " if args.admit else ""
+    flags = (" --gc-freeze" if args.gc_freeze else "") + (
+        f" --admit {args.admit}" if args.admit else ""
+    )
     return (
-        f"{body}\n\n{goals}\n\nEach request: 256 KiB float32 in, `y = 2x + 1`, 256 KiB out; "
+        f"Each request: 256 KiB float32 in, `y = 2x + 1`, 256 KiB out; "
         f"{args.clients} concurrent clients from {args.procs} load processes on loopback, "
         f"{args.warmup:g} s warm-up then {args.seconds:g} s measured per service. The floor "
         "(`numpy_loop`) computes on the loop with no device: its loop lag is what aiohttp "
-        "and the bodies alone cost at this load. Command: "
-        f"`python benchmarks/bench_service.py --device {args.device}` "
+        "and the bodies alone cost at this load. GC: the garbage collector's pauses in the "
+        f"window (they stop the loop too){options}Command: "
+        f"`python benchmarks/bench_service.py --device {args.device}{flags}` "
         "(on the GPU: inside `benchmarks/bench_gpu.sh`)."
     )
+
+
+def _gc_text(r: dict[str, Any]) -> str:
+    if "gc_ms_per_s" not in r:
+        return "-"
+    return f"{r['gc_ms_per_s']:.1f}, {r['gc_max_ms']:.1f} ms, {r['gc_full']}"
 
 
 def main() -> int:
@@ -229,9 +254,15 @@ def main() -> int:
     p.add_argument("--procs", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 4)))
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--admit", type=int, default=0,
+                   help="every server lets at most N requests into its handler")  # fmt: skip
+    p.add_argument("--gc-freeze", action="store_true",
+                   help="every server calls gc.freeze() once it is ready")  # fmt: skip
     p.add_argument("--name", default="", help="results name (default: service, service_host)")
     p.add_argument("--json-only", action="store_true", help="print the figures, write nothing")
     args = p.parse_args()
+    if args.admit < 0:
+        p.error(f"--admit must be >= 0 (0: no bound), got {args.admit}")
     by_loop: dict[str, dict[str, Any]] = {}
     for loop in args.loops.split(","):
         if loop == "uvloop" and not _has_uvloop():
@@ -247,8 +278,11 @@ def main() -> int:
         return 0
     device = args.device if args.device != "host" else ""
     name = args.name or ("service" if device else "service_host")
+    if args.admit and not args.name:
+        name += f"_admit{args.admit}"
     env = environment(device)
-    write(name, f"GPU service under load (issue 11), device {args.device}", env,
+    bound = f", at most {args.admit} requests in each handler" if args.admit else ""
+    write(name, f"GPU service under load (issue 11), device {args.device}{bound}", env,
           render(by_loop, args), {"results": by_loop, "args": vars(args)})  # fmt: skip
     wrong = sum(r.get("mismatches", 0) + r.get("errors", 0) for v in by_loop.values()
                 for r in v.values())  # fmt: skip

@@ -15,7 +15,7 @@ from typing import Any
 
 from _common import RESULTS, table
 
-ORDER = ("channel", "memory", "streams", "cuda", "service", "service_host")
+ORDER = ("channel", "memory", "streams", "cuda", "service", "service_admit4", "service_host")
 NOTES = Path(__file__).parent / "notes"  # notes/<name>.md follows section <name>
 
 

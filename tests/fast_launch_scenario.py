@@ -334,6 +334,50 @@ async def queued() -> None:
     await s.client.close()
 
 
+async def first_use() -> None:
+    """A buffer no route has used yet (its address not cached: a new handle) has it found
+    through ``set_pointers``, caller's launch and queued alike; when that raises, the
+    launch is left to the route."""
+    s = await Setup().ready()
+    addresses = s.server._addresses
+    fast = s.client._fast
+    out = s.client.empty(4 * N)  # (no dropped slice to take: the route's, counted)
+    hits, d0 = s.stats
+    mid = out.binding().memory.id
+    assert mid not in addresses, "a new handle's address is found by its first use"
+    b = ac.Bindings().with_buffers([*s.bindings.buffers[:2], out.binding()])
+    b.with_scalar(np.uint32, [N])
+    s.client.execute(ADD, s.count, b, U)
+    assert s.stats == (hits + 1, d0), s.stats
+    assert mid in addresses
+    await s.client.sync()
+    q = await Setup(batch_seconds=1e-6).ready()
+    q.client.create(bytes(16))  # the budget spent: the commands below wait for the actor
+    later = q.client.empty(4 * N)
+    b = ac.Bindings().with_buffers([*q.bindings.buffers[:2], later.binding()])
+    b.with_scalar(np.uint32, [N])
+    q0, qd0 = q.client._fast.queued_stats
+    q.client.execute(ADD, q.count, b, U)
+    await q.client.sync()
+    assert q.client._fast.queued_stats == (q0 + 1, qd0), q.client._fast.queued_stats
+
+    def refuse(binding: Any) -> int:
+        raise ac.InvalidHandle("refused by the test")
+
+    fast.set_pointers(refuse)  # its error leaves the launch to the route, which runs it
+    fresh = s.client.empty(4 * N)
+    b = ac.Bindings().with_buffers([*s.bindings.buffers[:2], fresh.binding()])
+    b.with_scalar(np.uint32, [N])
+    hits, d0 = s.stats
+    s.client.execute(ADD, s.count, b, U)
+    assert s.stats == (hits, d0 + 1), s.stats
+    await s.client.sync()
+    assert fresh.binding().memory.id in addresses  # the route found it
+    assert fast is s.client._fast
+    await q.client.close()
+    await s.client.close()
+
+
 def bench_overhead_lib() -> ctypes.CDLL:
     """The no-op libcuda.so.1 that install_fake() loaded."""
     from asynccube._core.cuda import driver
@@ -379,6 +423,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         read_error,
         sync_taken,
         queued,
+        first_use,
     )
 }
 SCENARIOS["closed"] = closed

@@ -24,7 +24,7 @@ SCENARIOS = {
     "fast_launch_scenario.py": (
         "taken", "declined", "scalar_dtype", "other_stream", "new_task", "launch_error",
         "foreign_handle", "profiling", "read_taken", "read_declined", "read_error", "sync_taken",
-        "queued",
+        "queued", "first_use",
         "closed",
     ),
     "fast_alloc_scenario.py": (
@@ -75,6 +75,14 @@ def test_a_queued_launch_on_a_closed_channel_is_left_to_the_route(hot: Any) -> N
     assert tuple(fast.stats) == (0, 0)  # counted apart from the callers' launches
     with pytest.raises(TypeError):
         fast.queued(1, 2, 3, 4)
+
+
+def test_set_pointers_takes_a_callable(hot: Any) -> None:
+    fast = hot.FastLaunch(*_args())
+    with pytest.raises(InvalidArgument, match="set_pointers needs a callable"):
+        fast.set_pointers(42)
+    fast.set_pointers(lambda binding: 0)
+    assert fast(1, 2, 3, 4) is False  # the channel is closed: the route, as before
 
 
 def test_set_alloc_checks_its_arguments(hot: Any) -> None:

@@ -7,10 +7,11 @@ go to the actor; what a server's ``FastLaunch`` or ``FastSync``
 runs inline on the same conditions, ``cuda/fast.py``, is not counted). Otherwise
 commands wait in a deque for the actor, which runs them in batches, yielding after each
 budget's worth of work. A fire-and-forget command's error is held for its stream and
-raised by the next awaited command there. Awaited commands resolve a future through
+raised by the next awaited command there; awaited commands resolve a future through
 the completion watcher, on the backend's loop (:mod:`.backend`: asyncio's own, or
-trio's adapter). If the actor dies, every pending and later awaitable fails at once
-with ClientDeadError (after a sticky device error, with that DeviceError).
+trio's adapter): :mod:`.settle`, the channel's base. If the actor dies, every pending
+and later awaitable fails at once with ClientDeadError (after a sticky device error,
+with that DeviceError).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from .backend import backend_of
 from .completion import CompletionWatcher
@@ -31,19 +32,15 @@ from .errors import (
     ClientDeadError,
     InvalidArgument,
     LoopMismatchError,
-    Unknown,
 )
-from .held import HeldErrors, detach_frames
+from .held import HeldErrors
 from .server import Completion, ComputeServer
-from .stream_id import StreamId
+from .settle import PRUNE_AT, Op, Settling
 
 __all__ = ["BATCH_SECONDS", "Channel", "State"]
 
-T = TypeVar("T")
-Op = Callable[..., Awaitable[None] | None]
 BATCH_SECONDS = 0.001
 """The default budget of commands per loop iteration (``streaming.batch_us``: 1000)."""
-_PRUNE_AT = 256
 
 
 class State(enum.Enum):
@@ -55,7 +52,7 @@ class State(enum.Enum):
     DEAD = "dead"
 
 
-class Channel:
+class Channel(Settling):
     """Links a client to its server through one actor task on ``loop`` (see above)."""
 
     __slots__ = (
@@ -66,8 +63,6 @@ class Channel:
         "_death",
         "_held",
         "_inline_spent",
-        "_pending",
-        "_prune_at",
         "_queue",
         "_stop",
         "_wakeup",
@@ -104,7 +99,7 @@ class Channel:
         # each as it settles it (no done-callback: that is a loop handle per command);
         # those settled elsewhere (cancelled by their caller) are pruned in bulk.
         self._pending: set[asyncio.Future[Any]] = set()
-        self._prune_at = _PRUNE_AT
+        self._prune_at = PRUNE_AT
         self._death: BaseException | None = None
         self._stop = False
         self._batch_end_scheduled = False
@@ -227,22 +222,6 @@ class Channel:
         if pending:  # futures a command settled itself (graphs, transfers): keep none
             pending.difference_update([f for f in pending if f.done()])
 
-    def request(self, op: Op, *args: Any) -> asyncio.Future[Any]:
-        """Queue a command whose last argument is the future it resolves; return it."""
-        fut: asyncio.Future[Any] = self.loop.create_future()
-        pending = self._pending
-        if len(pending) >= self._prune_at:
-            pending.difference_update([f for f in pending if f.done()])
-            self._prune_at = max(_PRUNE_AT, 2 * len(pending))
-        pending.add(fut)
-        self.send(op, *args, fut)
-        return fut
-
-    def track(self, fut: asyncio.Future[Any]) -> None:
-        """Fail ``fut`` at once if the actor dies before settling it (a future that a
-        command of this channel sets and another client's command awaits)."""
-        self._pending.add(fut)
-
     # -- actor side -------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -279,93 +258,6 @@ class Channel:
                     self._yielding = False
                 deadline = clock() + self.budget
         self._end_batch()
-
-    def fire(self, stream: StreamId, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args, stream)``; hold any error for ``stream``."""
-        try:
-            fn(*args, stream)
-        except BaseException as exc:
-            self.hold(stream, exc)
-
-    def hold(self, stream: StreamId, exc: BaseException) -> None:
-        """Keep ``exc`` for the next awaited command on ``stream`` (or die if sticky).
-
-        A held error keeps no frames: its traceback becomes a note naming where it was
-        raised (see :func:`.held.detach_frames`).
-        """
-        if getattr(exc, "sticky", False):
-            self._die(exc)
-            return
-        detach_frames(exc)
-        if not isinstance(exc, AsyncCubeError):
-            wrapped = Unknown(f"{type(exc).__name__}: {exc}")
-            wrapped.__cause__ = exc
-            exc = wrapped
-        self._held.hold(stream, exc)
-
-    def take_held(self, stream: StreamId) -> BaseException | None:
-        """The first error held for ``stream`` (later ones as notes), cleared."""
-        return self._held.take(stream)
-
-    def await_completion(
-        self,
-        stream: StreamId,
-        fn: Callable[..., Completion[Any]],
-        *args: Any,
-    ) -> None:
-        """Run ``fn(*args[:-1], stream)`` and resolve the future ``args[-1]`` from it."""
-        *call_args, fut = args
-        if fut.done():
-            self._pending.discard(fut)
-            return
-        held = self.take_held(stream)
-        if held is not None:
-            self._fail(fut, held)
-            return
-        try:
-            completion = fn(*call_args, stream)
-        except BaseException as exc:
-            self._fail(fut, exc)
-            return
-        self.watcher.watch(completion, lambda c: self._resolve(fut, c))
-
-    def call(self, stream: StreamId, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args[:-1], stream)`` and resolve the future ``args[-1]`` with it."""
-        *call_args, fut = args
-        if fut.done():
-            self._pending.discard(fut)
-            return
-        held = self.take_held(stream)
-        if held is not None:
-            self._fail(fut, held)
-            return
-        try:
-            value = fn(*call_args, stream)
-        except BaseException as exc:
-            self._fail(fut, exc)
-            return
-        self._pending.discard(fut)
-        fut.set_result(value)
-
-    def _resolve(self, fut: asyncio.Future[Any], completion: Completion[Any]) -> None:
-        try:
-            value = completion.result()
-        except BaseException as exc:
-            if fut.done():
-                self._pending.discard(fut)
-            else:
-                self._fail(fut, exc)
-            return
-        self._pending.discard(fut)
-        if not fut.done():
-            fut.set_result(value)
-
-    def _fail(self, fut: asyncio.Future[Any], exc: BaseException) -> None:
-        if getattr(exc, "sticky", False):
-            self._die(exc)
-        self._pending.discard(fut)
-        if not fut.done():
-            fut.set_exception(exc)
 
     # -- close and death ----------------------------------------------------------------
 

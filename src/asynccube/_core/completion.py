@@ -5,9 +5,13 @@ Two paths, picked per completion:
 * A completion that can notify (``add_done_callback``) is resolved from its callback:
   directly when it calls back on the loop's thread (``calls_back_on_loop``, as CUDA
   completions do), else through ``loop.call_soon_threadsafe`` (host workers). A CUDA
-  completion is first polled for up to 30 µs without yielding, so short work resolves
-  before its caller suspends (host completions are not: spinning would hold the GIL
-  their worker threads need).
+  completion watched for a caller about to await it (``spin=True``: the channel runs
+  the command inline) is first polled for up to 30 µs without yielding, so short work
+  resolves before its caller suspends. Nothing else spins: not the actor, whose caller
+  has suspended already and whose queue holds other commands (a service under load lost
+  a tenth of its loop to such spins), nor host completions (spinning would hold the GIL
+  their worker threads need). A spin that runs out skips the next ``SPIN_BACKOFF``
+  spins: work that outlasted one spin likely outlasts the next.
 * Any other completion (a CUDA event) is polled with ``done()`` from one poller task,
   yielding to the loop between rounds (the backend's checkpoint: ``asyncio.sleep(0)``),
   for a short spin
@@ -33,6 +37,8 @@ __all__ = ["CompletionWatcher"]
 
 T = TypeVar("T")
 Sink = Callable[[Completion[Any]], None]
+SPIN_BACKOFF = 8
+"""Spins skipped after one that ran out (see above)."""
 
 
 class _Notifying(Protocol):
@@ -67,14 +73,18 @@ class CompletionWatcher:
         self._polling: list[tuple[Completion[Any], Sink, float]] = []
         self._poller: asyncio.Task[None] | None = None
         self._waiters: ThreadPoolExecutor | None = None
+        self._skip_spins = 0
         self.handed_to_threads = 0
+        self.spins = 0
+        """Spins that ran (for tests and benchmarks), whether they succeeded or not."""
 
-    def watch(self, completion: Completion[Any], sink: Sink) -> None:
-        """Call ``sink(completion)`` on the loop once ``completion`` is done."""
+    def watch(self, completion: Completion[Any], sink: Sink, spin: bool = False) -> None:
+        """Call ``sink(completion)`` on the loop once ``completion`` is done. ``spin``:
+        a caller is about to await it (poll a loop-thread completion briefly first)."""
         if completion.done():
             sink(completion)
         elif getattr(completion, "calls_back_on_loop", False):
-            if self._spin_now(completion):
+            if spin and self._spin_now(completion):
                 sink(completion)
                 return
             notify: _Notifying = completion  # type: ignore[assignment]
@@ -90,11 +100,17 @@ class CompletionWatcher:
 
     def _spin_now(self, completion: Completion[Any]) -> bool:
         """Poll ``done()`` without yielding for up to ``sync_spin_seconds`` (tens of µs):
-        a short copy or kernel then resolves before its caller even suspends."""
+        a short copy or kernel then resolves before its caller even suspends. Skipped
+        ``SPIN_BACKOFF`` times after a spin that ran out."""
+        if self._skip_spins:
+            self._skip_spins -= 1
+            return False
+        self.spins += 1
         deadline = time.perf_counter() + self._sync_spin
         while time.perf_counter() < deadline:
             if completion.done():
                 return True
+        self._skip_spins = SPIN_BACKOFF
         return False
 
     async def _poll(self) -> None:

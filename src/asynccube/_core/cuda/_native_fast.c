@@ -46,6 +46,7 @@ static int fast_traverse(FastLaunch *f, visitproc visit, void *arg) {
     Py_VISIT(f->later);
     Py_VISIT(f->fail);
     Py_VISIT(f->create_future);
+    Py_VISIT(f->ptr_miss);
     PyObject *const alloc[9] = {f->token_t, f->ids, f->slices, f->failed, f->released,
                                 f->created_at, f->manager, f->mslices, f->pending};
     for (int i = 0; i < 9; i++) Py_VISIT(alloc[i]);
@@ -68,6 +69,7 @@ static int fast_clear(FastLaunch *f) {
     Py_CLEAR(f->later);
     Py_CLEAR(f->fail);
     Py_CLEAR(f->create_future);
+    Py_CLEAR(f->ptr_miss);
     PyObject **alloc[9] = {&f->token_t, &f->ids, &f->slices, &f->failed, &f->released,
                            &f->created_at, &f->manager, &f->mslices, &f->pending};
     for (int i = 0; i < 9; i++) Py_CLEAR(*alloc[i]);
@@ -257,6 +259,14 @@ static PyObject *fast_queued_stats(PyObject *self, void *unused) {
 }
 
 
+/* fast.set_pointers(fn): fn(binding) -> int finds (and caches in the addresses dict) the
+ * address of a buffer no route has used yet; its errors leave the command to the route. */
+static PyObject *fast_set_pointers(PyObject *self, PyObject *fn) {
+    if (!PyCallable_Check(fn)) return bad("set_pointers needs a callable, got %R", fn);
+    Py_XSETREF(((FastLaunch *)self)->ptr_miss, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
 static PyObject *fast_stats(PyObject *self, void *unused) {
     FastLaunch *f = (FastLaunch *)self;
     return Py_BuildValue("(KK)", f->hits, f->declined);
@@ -271,6 +281,8 @@ static PyMethodDef fast_methods[] = {
      "set_read(handle_t, binding_t, small_reads, small_max, later, fail, create_future)"},
     {"empty", fast_empty, METH_O,
      "empty(size) -> a new Handle over a dropped slice, or None: the route takes it"},
+    {"set_pointers", fast_set_pointers, METH_O,
+     "set_pointers(fn): fn(binding) finds and caches an address not cached yet"},
     {"set_alloc", fast_set_alloc, METH_VARARGS,
      "set_alloc(handle_t, token_t, ids, slices, failed, released, created_at, manager, "
      "mslices, pending, max_alloc)"},

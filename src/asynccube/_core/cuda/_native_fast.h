@@ -46,6 +46,9 @@ typedef struct {
     /* read(): set by set_read() (NULL until then) */
     PyObject *handle_t, *binding_t, *small_reads, *later, *fail, *create_future;
     long small_max;
+    /* set_pointers(): the server's _ptr, asked for an address not cached yet (NULL until
+     * then: such a buffer is left to the route) */
+    PyObject *ptr_miss;
     /* empty(): set by set_alloc() (NULL until then); the slot offsets of Handle's
      * (memory, offset_start, offset_end, stream, cursor, buffer_size) and of the slice
      * token's (id, queue): fixed for a type's lifetime */

@@ -167,6 +167,14 @@ static int pointers_of(FastLaunch *f, Refs *r, Plan *p, PyObject *buffers) {
         if (token == NULL || (o = get(r, token, N_RQUEUE)) == NULL || o != queue) return 0;
         PyObject *mid = p->mids[i] = get(r, token, N_ID);
         PyObject *entry = mid == NULL ? NULL : PyDict_GetItemWithError(f->addresses, mid);
+        if (entry == NULL && mid != NULL && f->ptr_miss != NULL && !PyErr_Occurred()) {
+            /* no route used this buffer yet (a new handle): the server's _ptr finds and
+             * caches its address, or raises (a freed handle): left to the route */
+            PyObject *res = PyObject_CallOneArg(f->ptr_miss, b);
+            if (res == NULL) return 0;
+            Py_DECREF(res);
+            entry = PyDict_GetItemWithError(f->addresses, mid);
+        }
         long base, length, start = 0, end_off = 0, size;
         if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2 ||
             as_long(PyTuple_GET_ITEM(entry, 0), &base) < 0 ||

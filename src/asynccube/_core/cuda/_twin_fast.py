@@ -50,7 +50,7 @@ class FastLaunch:
         "bindings_t", "call_soon", "channel", "checked", "context", "count_t", "create_future",
         "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
         "handle_t", "hold", "kernel_t", "kernels", "last_use", "later", "loop",
-        "max_streams", "mode_t", "on_loop", "open_state", "owned", "packs", "pinned",
+        "max_streams", "mode_t", "on_loop", "open_state", "owned", "packs", "pinned", "ptr_miss",
         "recorder", "slots", "small_max", "small_reads", "table", "task_arg", "task_fn",
         "tls", "wake",
     )  # fmt: skip
@@ -71,6 +71,7 @@ class FastLaunch:
         self.max_streams = max_streams
         self._hits = self._declined = self._q_hits = self._q_declined = 0
         self.small_reads: Any = None
+        self.ptr_miss: Any = None
         self._allocator: Allocator | None = None
 
     def set_alloc(self, *args: Any) -> None:
@@ -98,6 +99,15 @@ class FastLaunch:
         self.handle_t, self.binding_t, self.small_reads = handle_t, binding_t, small_reads
         self.small_max, self.later, self.fail = small_max, later, fail
         self.create_future = create_future
+
+    def set_pointers(self, fn: Any) -> None:
+        """``fn(binding)`` finds (and caches in ``addresses``) the address of a buffer no
+        route has used yet; its errors leave the command to the route."""
+        from ..errors import InvalidArgument
+
+        if not callable(fn):
+            raise InvalidArgument(f"set_pointers needs a callable, got {fn!r}")
+        self.ptr_miss = fn
 
     def read(self, item: Any) -> Any:
         """A future of ``[bytes]`` for a small read of ``item``, or None (see fast.py)."""
@@ -283,6 +293,9 @@ class FastLaunch:
             token = b.memory
             mid = token.id
             entry = addresses.get(mid)
+            if entry is None and self.ptr_miss is not None:
+                self.ptr_miss(b)  # a new handle: found and cached (raises: the route)
+                entry = addresses.get(mid)
             start = b.offset_start or 0
             if (
                 entry is None

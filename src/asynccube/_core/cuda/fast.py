@@ -19,9 +19,11 @@ without surprises:
   call), and no kernel recorder (profiling) is on;
 * the kernel is loaded, its count static, and there are no tensor maps; at most one
   scalar group and at most 32 buffers;
-* every buffer's address is known (``ServerCore._pointers``'s fast path), the
-  bindings' signature was checked against the kernel, and under CHECKED the grid is
-  the one last found within the device's limits;
+* every buffer's address is known (``ServerCore._pointers``'s fast path; a buffer no
+  route has used yet, a new handle, has it found and cached by the server's ``_ptr``,
+  whose error, a freed handle say, leaves the launch to the route), the bindings'
+  signature was checked against the kernel, and under CHECKED the grid is the one last
+  found within the device's limits;
 * every buffer was last used on this stream's slot (no cross-stream wait is needed).
 
 It then moves the stream's cursor and stamps the buffers, as ``MultiStream.resolve``
@@ -106,6 +108,7 @@ def fast_launch(server: CudaServer, channel: Channel) -> FastLaunch:
         driver._tls, server._ctx.context, stream_id.StreamId.current, streams.streams.get_index,
         streams.max_streams,
     )  # fmt: skip
+    fast.set_pointers(server._ptr)  # a buffer's first use: its address found and cached
     later = functools.partial(_read_later, server, channel)
     fast.set_read(Handle, Binding, server._small_reads, SMALL_READ, later, channel._fail,
                   loop.create_future)  # fmt: skip

@@ -193,10 +193,13 @@ class ServerCore(SliceServer[SliceHandle]):
 
     def _ptr_slow(self, binding: Binding) -> int:
         memory = self._table.get(binding)  # raises InvalidHandle for foreign/freed handles
-        size = binding.size
-        base = self._memory.resource(memory, 0, binding.buffer_size)
-        self._addresses[binding.memory.id] = (base, binding.buffer_size)
-        return self._memory.resource(memory, binding.offset_start or 0, size)
+        size, whole = binding.size, binding.buffer_size
+        base = self._memory.resource(memory, 0, whole)
+        self._addresses[binding.memory.id] = (base, whole)
+        start = binding.offset_start or 0
+        if start >= 0 and size >= 0 and start + size <= whole:
+            return base + start  # a device address is linear in its offset
+        return self._memory.resource(memory, start, size)  # raises, naming the range
 
     def _complete(
         self, stream: StreamId, streams: Sequence[Any], finalize: Callable[[], T]

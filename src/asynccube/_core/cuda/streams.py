@@ -81,19 +81,28 @@ class Retirer:
         self._parked.clear()
 
     def poll(self) -> int:
-        """Drop what the device has passed; return how many groups are still held."""
+        """Drop what the device has passed; return how many groups are still held.
+        (Only streams with groups in flight are visited: it runs for every copy.)"""
+        inflight = self._inflight
+        if not inflight:
+            return 0
         query = hot.event_query
         left = 0
-        for queue in self._inflight.values():
+        passed = []
+        for key, queue in inflight.items():
             while queue:
                 event, objs = queue[0]
-                err = query(event)
-                if err:
+                if query(event):
                     break
                 queue.popleft()
                 objs.clear()
                 self._events.give(event)
-            left += len(queue)
+            if queue:
+                left += len(queue)
+            else:
+                passed.append(key)
+        for key in passed:
+            del inflight[key]
         return left
 
     def clear(self) -> None:
