@@ -336,8 +336,8 @@ async def queued() -> None:
 
 async def first_use() -> None:
     """A buffer no route has used yet (its address not cached: a new handle) has it found
-    through ``set_pointers``, caller's launch and queued alike; when that raises, the
-    launch is left to the route."""
+    through ``set_pointers``: a caller's launch, a queued one and a small read of a
+    Handle alike; when that raises, the launch is left to the route."""
     s = await Setup().ready()
     addresses = s.server._addresses
     fast = s.client._fast
@@ -360,6 +360,14 @@ async def first_use() -> None:
     q.client.execute(ADD, q.count, b, U)
     await q.client.sync()
     assert q.client._fast.queued_stats == (q0 + 1, qd0), q.client._fast.queued_stats
+
+    small = s.client.create(bytes(range(256)) * 4)
+    await s.client.read([small])  # the route keeps a spare buffer of this size
+    addresses.pop(small.binding().memory.id)  # as for a handle no route has used yet
+    hits, d0 = s.stats
+    (data,) = await s.client.read([small])  # a Handle: found through set_pointers too
+    assert s.stats == (hits + 1, d0), s.stats  # (the no-op driver copies nothing)
+    assert len(data) == 1024 and small.binding().memory.id in addresses
 
     def refuse(binding: Any) -> int:
         raise ac.InvalidHandle("refused by the test")

@@ -48,24 +48,20 @@ from .client_args import (
     _forget_staging,
     _is_int,
     _items,
-    _same_length,
     _whole,
 )
-from .errors import BufferTooBig, InvalidArgument
+from .client_memory import MemoryOps
+from .errors import InvalidArgument
 from .jobs import JobThread
 from .kernel import Kernel
 from .server import BindingResource, ComputeServer, DeviceProperties
 from .stream_id import StreamId
 from .tensor import as_bytes
 from .types import (
-    AllocationDescriptor,
-    AllocationKind,
     Binding,
     CopyDescriptor,
     ExecutionMode,
     Handle,
-    MemoryAllocationMode,
-    MemoryUsage,
 )
 
 __all__ = ["ClientCore"]
@@ -74,7 +70,7 @@ Job = Callable[[], None]
 _get_running_loop = asyncio._get_running_loop
 
 
-class ClientCore:
+class ClientCore(MemoryOps):
     """The commands of :class:`ComputeClient`: allocation, data movement, execution and
     memory, each sent through the channel to the actor that owns the server.
 
@@ -228,61 +224,6 @@ class ClientCore:
         channel.send(channel.fire, stream, self._server.create, [handle])
         return handle
 
-    def create_tensors(
-        self,
-        data: Sequence[DataLike],
-        shapes: Sequence[Sequence[int]],
-        elem_sizes: Sequence[int],
-        kind: AllocationKind = AllocationKind.OPTIMIZED,
-    ) -> list[tuple[Handle, tuple[int, ...]]]:
-        """New tensors holding ``data`` (dense, row-major); returns (handle, strides)."""
-        self._channel.check()
-        _same_length(data=data, shapes=shapes, elem_sizes=elem_sizes)
-        out = self._new_tensors(shapes, elem_sizes, kind)
-        items = []
-        for (handle, strides), raw, shape, elem in zip(out, data, shapes, elem_sizes, strict=True):
-            items.append((handle.copy_descriptor(shape, strides, elem), as_bytes(raw)))
-        self.write(items)
-        return out
-
-    def empty_tensors(
-        self,
-        shapes: Sequence[Sequence[int]],
-        elem_sizes: Sequence[int],
-        kind: AllocationKind = AllocationKind.OPTIMIZED,
-    ) -> list[tuple[Handle, tuple[int, ...]]]:
-        """New uninitialized tensors; OPTIMIZED ones have pitched rows. Returns
-        (handle, strides in elements) for each."""
-        self._channel.check()
-        _same_length(shapes=shapes, elem_sizes=elem_sizes)
-        return self._new_tensors(shapes, elem_sizes, kind)
-
-    def _new_tensors(
-        self,
-        shapes: Sequence[Sequence[int]],
-        elem_sizes: Sequence[int],
-        kind: AllocationKind,
-    ) -> list[tuple[Handle, tuple[int, ...]]]:
-        descs = [
-            AllocationDescriptor(kind, tuple(int(d) for d in s), int(e))
-            for s, e in zip(shapes, elem_sizes, strict=True)
-        ]
-        layouts = [self._server.layout(d) for d in descs]
-        handles = [self._mint(size) for size, _ in layouts]
-        self._send_fire(self._server.create, handles)
-        return [(h, strides) for h, (_, strides) in zip(handles, layouts, strict=True)]
-
-    def _mint(self, size: int, stream: StreamId | None = None) -> Handle:
-        if not _is_int(size):
-            raise InvalidArgument(f"size must be an int, got {type(size).__name__}")
-        size = int(size)  # numpy integers are ordinary ints
-        limit = self._server.properties.max_allocation
-        if size < 0:
-            raise BufferTooBig(size, "sizes must be >= 0")
-        if size > limit:
-            raise BufferTooBig(size, f"the largest allocation on {self.device} is {limit} bytes")
-        return self._server.new_handle(size, stream if stream is not None else StreamId.current())
-
     # -- data movement ------------------------------------------------------------------
 
     def write(self, items: Sequence[tuple[CopyDescriptor, DataLike]]) -> None:
@@ -421,33 +362,3 @@ class ClientCore:
         """Submit work buffered for the calling task's stream."""
         self._channel.check()
         self._send_fire(self._server.flush)
-
-    # -- memory -------------------------------------------------------------------------
-
-    def memory_usage(self) -> asyncio.Future[MemoryUsage]:
-        """Current memory usage (awaitable)."""
-        self._channel.check()
-        channel = self._channel
-        return channel.request(channel.call, StreamId.current(), self._server.memory_usage)
-
-    def memory_cleanup(self) -> None:
-        """Release memory nothing uses."""
-        self._channel.check()
-        self._send_fire(self._server.memory_cleanup)
-
-    def allocation_mode(self, mode: MemoryAllocationMode) -> None:
-        """Switch which pools new allocations come from (AUTO or PERSISTENT)."""
-        self._channel.check()
-        if not isinstance(mode, MemoryAllocationMode):
-            raise InvalidArgument(f"mode must be a MemoryAllocationMode, got {mode!r}")
-        self._send_fire(self._server.allocation_mode, mode)
-
-    # -- plumbing -----------------------------------------------------------------------
-
-    def _send_fire(self, fn: Callable[..., Any], *args: Any) -> None:
-        channel = self._channel
-        channel.send(channel.fire, StreamId.current(), fn, *args)
-
-    def _request(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        channel = self._channel
-        return channel.request(channel.await_completion, StreamId.current(), fn, *args)

@@ -293,7 +293,7 @@ class FastLaunch:
             token = b.memory
             mid = token.id
             entry = addresses.get(mid)
-            if entry is None and self.ptr_miss is not None:
+            if entry is None and self.ptr_miss is not None and token.queue is queue:
                 self.ptr_miss(b)  # a new handle: found and cached (raises: the route)
                 entry = addresses.get(mid)
             start = b.offset_start or 0
