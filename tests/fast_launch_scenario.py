@@ -337,7 +337,8 @@ async def queued() -> None:
 async def first_use() -> None:
     """A buffer no route has used yet (its address not cached: a new handle) has it found
     through ``set_pointers``: a caller's launch, a queued one and a small read of a
-    Handle alike; when that raises, the launch is left to the route."""
+    Handle alike; when that raises an Exception, the launch is left to the route;
+    anything else (a KeyboardInterrupt) propagates."""
     s = await Setup().ready()
     addresses = s.server._addresses
     fast = s.client._fast
@@ -381,6 +382,26 @@ async def first_use() -> None:
     assert s.stats == (hits, d0 + 1), s.stats
     await s.client.sync()
     assert fresh.binding().memory.id in addresses  # the route found it
+
+    def interrupt(binding: Any) -> int:
+        raise KeyboardInterrupt
+
+    fast.set_pointers(interrupt)  # not an Exception: it propagates, it is not swallowed
+    other = s.client.empty(4 * N)
+    b = ac.Bindings().with_buffers([*s.bindings.buffers[:2], other.binding()])
+    b.with_scalar(np.uint32, [N])
+    hits, d0 = s.stats
+    try:
+        s.client.execute(ADD, s.count, b, U)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("a KeyboardInterrupt from the address lookup was swallowed")
+    assert s.stats == (hits, d0), s.stats  # neither taken nor declined
+    fast.set_pointers(s.server._ptr)
+    s.client.execute(ADD, s.count, b, U)  # the client still serves
+    await s.client.sync()
+    assert s.stats == (hits + 1, d0), s.stats
     assert fast is s.client._fast
     await q.client.close()
     await s.client.close()

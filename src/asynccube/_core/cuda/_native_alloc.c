@@ -258,9 +258,10 @@ PyObject *fast_empty(PyObject *self, PyObject *size) {
     memset(&a, 0, sizeof(a));
     PyObject *result = NULL;
     if (!plan_alloc(f, &r, &p, &a, size)) {
-        PyErr_Clear(); /* the Python route meets (and raises) whatever stopped this one */
-        f->declined++;
-        result = Py_NewRef(Py_None);
+        if (declined_quietly()) { /* the Python route meets whatever stopped this one */
+            f->declined++;
+            result = Py_NewRef(Py_None);
+        }
     } else if ((result = mint(f, &r, &p, &a, size)) != NULL) {
         if (after(f, &r, &p) < 0)
             Py_CLEAR(result);

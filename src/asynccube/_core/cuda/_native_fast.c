@@ -212,6 +212,16 @@ int after(FastLaunch *f, Refs *r, Plan *p) {
     return res == NULL ? -1 : 0;
 }
 
+/* A route that declines leaves what stopped it to the Python route, which meets (and
+ * raises) it again: an Exception is cleared (1). Anything else, a KeyboardInterrupt from
+ * Python code the route called (the server's _ptr, say), is not swallowed (0: it stays
+ * set, the call returns NULL), as the twin's `except Exception` lets it through. */
+int declined_quietly(void) {
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) return 0;
+    PyErr_Clear();
+    return 1;
+}
+
 /* A launch offered by its caller (queued == 0: the caller's checks, then after()) or by
  * the actor running it from its queue (queued == 1, a[4] its StreamId; the actor ends
  * its batch itself). True: launched, or its error held; False: left to the route. */
@@ -223,9 +233,10 @@ static PyObject *take(FastLaunch *f, PyObject *const *a, int queued) {
     int ok = queued ? plan_queued(f, &r, &p, a) : plan(f, &r, &p, a);
     PyObject *result = NULL;
     if (!ok) {
-        PyErr_Clear(); /* the Python route meets (and raises) whatever stopped this one */
-        ++*(queued ? &f->q_declined : &f->declined);
-        result = Py_NewRef(Py_False);
+        if (declined_quietly()) {
+            ++*(queued ? &f->q_declined : &f->declined);
+            result = Py_NewRef(Py_False);
+        }
     } else if (commit(f, &r, &p) == 0 && run(f, &p) == 0 && (queued || after(f, &r, &p) == 0)) {
         ++*(queued ? &f->q_hits : &f->hits);
         result = Py_NewRef(Py_True);

@@ -126,6 +126,7 @@ Py_ssize_t member_offset(PyTypeObject *t, PyObject *name);
 /* _native_fast.c: the bookkeeping of a planned command and the end of an inline run. */
 int commit(FastLaunch *f, Refs *r, Plan *p);
 int after(FastLaunch *f, Refs *r, Plan *p);
+int declined_quietly(void);
 int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o);
 
 /* _native_read.c */

@@ -113,9 +113,10 @@ PyObject *fast_read(PyObject *self, PyObject *item) {
     if (ok && (n = keep(&r, PyLong_FromLong(p.nbytes))) != NULL)
         spare = PyDict_GetItemWithError(f->small_reads, n);
     if (!ok || spare == NULL || !PyList_CheckExact(spare) || PyList_GET_SIZE(spare) == 0) {
-        PyErr_Clear(); /* the Python route meets (and raises) whatever stopped this one */
-        f->declined++;
-        result = Py_NewRef(Py_None);
+        if (declined_quietly()) { /* the Python route meets whatever stopped this one */
+            f->declined++;
+            result = Py_NewRef(Py_None);
+        }
     } else {
         Py_INCREF(spare);
         if (keep(&r, spare) != NULL && commit(f, &r, &p) == 0 &&
