@@ -229,6 +229,23 @@ async def serve(peer: str, device: str, freeze: bool = False, admit: int = 0) ->
             await client.close()
 
 
+async def answer_windows(
+    server: Awaitable[None], figures: Callable[[float, float], dict[str, Any]]
+) -> None:
+    """Run ``server`` (a ``serve`` coroutine) and answer each ``lo hi`` line on stdin with
+    one JSON line, ``figures(lo, hi)`` over that wall-clock window, until stdin closes or
+    the server ends (the instrumented services of ``service_phases.py`` and
+    ``service_iterations.py``, driven by ``bench_service.load_instrumented``)."""
+    task = asyncio.ensure_future(server)
+    reader = asyncio.get_running_loop().run_in_executor
+    while not task.done():
+        line = await reader(None, sys.stdin.readline)
+        if not line:
+            break
+        lo, hi = map(float, line.split())
+        print(json.dumps(figures(lo, hi)), flush=True)
+
+
 async def load(url: str, clients: int, start: float, seconds: float) -> dict[str, Any]:
     import aiohttp
 

@@ -143,6 +143,32 @@ def apply_load(
     return outs, stats, start
 
 
+def load_instrumented(
+    cmd: list[str], args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]] | str:
+    """Start ``cmd``, a server that prints ``PORT n`` and then answers a window on stdin
+    with its own figures (``_service_app.answer_windows``), load it (:func:`apply_load`)
+    and ask for the load's window: each load process's result, the lag stats and the
+    server's figures; or why the server did not start."""
+    server = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env()
+    )
+    assert server.stdin is not None
+    assert server.stdout is not None
+    try:
+        first = server.stdout.readline().split()
+        if first[:1] != ["PORT"]:
+            return f"the server did not start ({' '.join(first)})"
+        outs, stats, start = apply_load(f"http://127.0.0.1:{first[1]}", args)
+        server.stdin.write(f"{start} {start + args.seconds}\n")
+        server.stdin.flush()
+        figures: dict[str, Any] = json.loads(server.stdout.readline())
+    finally:
+        server.terminate()
+        server.wait(10)
+    return outs, stats, figures
+
+
 def _get_json(url: str) -> dict[str, Any]:
     import urllib.request
 

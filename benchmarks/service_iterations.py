@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
-import subprocess
 import sys
 import time
 from asyncio import base_events, events
@@ -73,14 +71,10 @@ def serve(peer: str, device: str, admit: int) -> None:
 
     async def main() -> None:
         _instrument(iterations, long)
-        server = asyncio.create_task(app.serve(peer, device, False, admit))
-        reader = asyncio.get_running_loop().run_in_executor
-        while not server.done():
-            line = await reader(None, sys.stdin.readline)
-            if not line:
-                break
-            lo, hi = map(float, line.split())
-            print(json.dumps(_figures(iterations, long, lo, hi)), flush=True)
+        await app.answer_windows(
+            app.serve(peer, device, False, admit),
+            lambda lo, hi: _figures(iterations, long, lo, hi),
+        )
 
     asyncio.run(main())
 
@@ -109,26 +103,14 @@ def _figures(
 
 def measure(args: argparse.Namespace, peer: str) -> str:
     """One run of ``peer`` under load (``bench_service.apply_load``); its figures."""
-    from bench_service import apply_load, child_env
+    from bench_service import load_instrumented
 
     cmd = [sys.executable, __file__, "--serve", peer, "--device", args.device,
            "--admit", str(args.admit)]  # fmt: skip
-    server = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env()
-    )
-    assert server.stdin is not None
-    assert server.stdout is not None
-    try:
-        first = server.stdout.readline().split()
-        if first[:1] != ["PORT"]:
-            return f"{peer}: the server did not start ({' '.join(first)})"
-        outs, stats, start = apply_load(f"http://127.0.0.1:{first[1]}", args)
-        server.stdin.write(f"{start} {start + args.seconds}\n")
-        server.stdin.flush()
-        f = json.loads(server.stdout.readline())
-    finally:
-        server.terminate()
-        server.wait(10)
+    done = load_instrumented(cmd, args)
+    if isinstance(done, str):
+        return f"{peer}: {done}"
+    outs, stats, f = done
     served = sum(len(o["latencies_us"]) for o in outs) / args.seconds
     bad = sum(o["mismatches"] + o["errors"] for o in outs)
     top = "; ".join(f"{n} {c}x {ms} ms/s" for n, c, ms in f["long_by_callback"])

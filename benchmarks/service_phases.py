@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -81,20 +79,15 @@ def serve(loop: str, device: str, batch_us: int) -> None:
 
     app.make_handler = timed_handler
 
+    def figures(lo: float, hi: float) -> dict[str, Any]:
+        inside = [(t, rec) for w, t, rec in handled if lo <= w <= hi]
+        spans = {name: _p([r[b] - r[a] for _, r in inside if r and "run" in r], 0.5) * 1e3
+                 for name, a, b in SPANS}  # fmt: skip
+        times = [t for t, _ in inside]
+        return {"p50": _p(times, 0.5) * 1e3, "p99": _p(times, 0.99) * 1e3, "spans": spans}
+
     async def main() -> None:
-        server = asyncio.create_task(app.serve("asynccube", device))
-        reader = asyncio.get_running_loop().run_in_executor
-        while not server.done():
-            line = await reader(None, sys.stdin.readline)
-            if not line:
-                break
-            lo, hi = map(float, line.split())
-            inside = [(t, rec) for w, t, rec in handled if lo <= w <= hi]
-            spans = {name: _p([r[b] - r[a] for _, r in inside if r and "run" in r], 0.5) * 1e3
-                     for name, a, b in SPANS}  # fmt: skip
-            times = [t for t, _ in inside]
-            print(json.dumps({"p50": _p(times, 0.5) * 1e3, "p99": _p(times, 0.99) * 1e3,
-                              "spans": spans}), flush=True)  # fmt: skip
+        await app.answer_windows(app.serve("asynccube", device), figures)
 
     if loop == "uvloop":
         import uvloop
@@ -106,26 +99,14 @@ def serve(loop: str, device: str, batch_us: int) -> None:
 
 def measure(args: argparse.Namespace, batch_us: int) -> str:
     """One run of the service under load (``bench_service.apply_load``); its figures."""
-    from bench_service import apply_load, child_env
+    from bench_service import load_instrumented
 
     cmd = [sys.executable, __file__, "--serve", "--loop", args.loop, "--device", args.device,
            "--batch-us", str(batch_us)]  # fmt: skip
-    server = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env()
-    )
-    assert server.stdin is not None
-    assert server.stdout is not None
-    try:
-        first = server.stdout.readline().split()
-        if first[:1] != ["PORT"]:
-            return f"batch_us {batch_us}: the server did not start ({' '.join(first)})"
-        outs, stats, start = apply_load(f"http://127.0.0.1:{first[1]}", args)
-        server.stdin.write(f"{start} {start + args.seconds}\n")
-        server.stdin.flush()
-        handler = json.loads(server.stdout.readline())
-    finally:
-        server.terminate()
-        server.wait(10)
+    done = load_instrumented(cmd, args)
+    if isinstance(done, str):
+        return f"batch_us {batch_us}: {done}"
+    outs, stats, handler = done
     lat = sorted(x for o in outs for x in o["latencies_us"])
     bad = sum(o["mismatches"] + o["errors"] for o in outs)
     spans = " ".join(f"{k} {v:.2f}" for k, v in handler["spans"].items())

@@ -62,6 +62,11 @@ class Setup:
         hits, declined = fast.stats
         return int(hits), int(declined)
 
+    def writing_to(self, out: ac.Handle) -> ac.Bindings:
+        """The add kernel's bindings with ``out`` as its output buffer."""
+        b = ac.Bindings().with_buffers([*self.bindings.buffers[:2], out.binding()])
+        return b.with_scalar(np.uint32, [N])
+
     def stamp(self, i: int = 0) -> tuple[Any, int]:
         mid = self.handles[i].binding().memory.id
         return self.server._streams.last_use[mid]  # type: ignore[no-any-return]
@@ -346,8 +351,7 @@ async def first_use() -> None:
     hits, d0 = s.stats
     mid = out.binding().memory.id
     assert mid not in addresses, "a new handle's address is found by its first use"
-    b = ac.Bindings().with_buffers([*s.bindings.buffers[:2], out.binding()])
-    b.with_scalar(np.uint32, [N])
+    b = s.writing_to(out)
     s.client.execute(ADD, s.count, b, U)
     assert s.stats == (hits + 1, d0), s.stats
     assert mid in addresses
@@ -355,8 +359,7 @@ async def first_use() -> None:
     q = await Setup(batch_seconds=1e-6).ready()
     q.client.create(bytes(16))  # the budget spent: the commands below wait for the actor
     later = q.client.empty(4 * N)
-    b = ac.Bindings().with_buffers([*q.bindings.buffers[:2], later.binding()])
-    b.with_scalar(np.uint32, [N])
+    b = q.writing_to(later)
     q0, qd0 = q.client._fast.queued_stats
     q.client.execute(ADD, q.count, b, U)
     await q.client.sync()
@@ -375,8 +378,7 @@ async def first_use() -> None:
 
     fast.set_pointers(refuse)  # its error leaves the launch to the route, which runs it
     fresh = s.client.empty(4 * N)
-    b = ac.Bindings().with_buffers([*s.bindings.buffers[:2], fresh.binding()])
-    b.with_scalar(np.uint32, [N])
+    b = s.writing_to(fresh)
     hits, d0 = s.stats
     s.client.execute(ADD, s.count, b, U)
     assert s.stats == (hits, d0 + 1), s.stats
@@ -388,8 +390,7 @@ async def first_use() -> None:
 
     fast.set_pointers(interrupt)  # not an Exception: it propagates, it is not swallowed
     other = s.client.empty(4 * N)
-    b = ac.Bindings().with_buffers([*s.bindings.buffers[:2], other.binding()])
-    b.with_scalar(np.uint32, [N])
+    b = s.writing_to(other)
     hits, d0 = s.stats
     try:
         s.client.execute(ADD, s.count, b, U)
