@@ -208,6 +208,12 @@ async def foreign_handle() -> None:
         pass
     else:
         raise AssertionError("a launch on another client's handle was not refused")
+    # The failed launch tainted this client's buffers it was given: the next launch on
+    # them takes the Python route, which clears their taints; then the fast route again.
+    assert s.client._channel._held._tainted
+    s.client.execute(ADD, s.count, s.bindings, U)
+    await s.client.sync()
+    assert s.stats[0] == hits and not s.client._channel._held._tainted, s.stats
     s.client.execute(ADD, s.count, s.bindings, U)  # still serving, on the fast route
     await s.client.sync()
     assert s.stats[0] == hits + 1, s.stats

@@ -20,10 +20,12 @@ import asyncio
 import enum
 import sys
 import time
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .awaitable import ClientFuture
 from .backend import backend_of
 from .completion import CompletionWatcher
 from .errors import (
@@ -33,7 +35,7 @@ from .errors import (
     InvalidArgument,
     LoopMismatchError,
 )
-from .held import HeldErrors
+from .held import HeldErrors, combine
 from .server import Completion, ComputeServer
 from .settle import PRUNE_AT, Op, Settling
 
@@ -100,6 +102,10 @@ class Channel(Settling):
         # those settled elsewhere (cancelled by their caller) are pruned in bulk.
         self._pending: set[asyncio.Future[Any]] = set()
         self._prune_at = PRUNE_AT
+        self._future_class = getattr(loop, "client_future_class", ClientFuture)
+        self._unclaimed = weakref.WeakSet()
+        self._clears_at_call = not hasattr(server, "taint")
+        self._taint_in_order = getattr(server, "taint", None)
         self._death: BaseException | None = None
         self._stop = False
         self._batch_end_scheduled = False
@@ -264,7 +270,10 @@ class Channel(Settling):
     def begin_close(self) -> asyncio.Future[Any]:
         """Refuse new commands; queue the close after what is already queued."""
         self.state = State.CLOSING
-        return self.request(self._close)
+        fut: asyncio.Future[Any] = self.loop.create_future()  # the client's own: plain
+        self._pending.add(fut)
+        self.send(self._close, fut)
+        return fut
 
     def _close(self, fut: asyncio.Future[Any]) -> None:
         self._stop = True
@@ -278,19 +287,32 @@ class Channel(Settling):
     def _closed(self, fut: asyncio.Future[Any], error: BaseException | None) -> None:
         self.state = State.CLOSED
         self.watcher.shutdown()
-        leftovers = self._held.drain()
+        leftovers = self._unretrieved() + self._held.drain()
         if error is not None:
             leftovers.insert(0, error)
         self._pending.discard(fut)
-        if fut.done():
+        if fut.done():  # the close was cancelled: report them to the loop, not lose them
+            for exc in leftovers:
+                self.loop.call_exception_handler(
+                    {"message": "asynccube: an error nobody awaited, at close", "exception": exc}
+                )
             return
         if leftovers:
-            first = leftovers[0]
-            for other in leftovers[1:]:
-                first.add_note(f"also unobserved at close: {type(other).__name__}: {other}")
-            fut.set_exception(first)
+            fut.set_exception(combine(leftovers, "also unobserved at close"))
         else:
             fut.set_result(None)
+
+    def _unretrieved(self) -> list[BaseException]:
+        """The errors of failed awaitables still alive that nobody retrieved (claimed
+        now: they are raised by ``close()``, and not given back when dropped)."""
+        errors = []
+        for fut in list(self._unclaimed):
+            if fut.done() and not fut.cancelled() and fut._log_traceback:
+                error = fut.exception()
+                if error is not None:
+                    errors.append(error)
+        self._unclaimed.clear()
+        return errors
 
     def _die(self, exc: BaseException) -> None:
         if self.state is State.DEAD:

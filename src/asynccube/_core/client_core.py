@@ -196,13 +196,14 @@ class ClientCore(MemoryOps):
         return as_bytes(data)
 
     def _create_with_data(self, stream: StreamId, handle: Handle, raw: Any) -> Any:
-        fire, create = self._channel.fire, self._server.create_with_data
+        fire, create = self._channel.fire_writing, self._server.create_with_data
+        written = [handle]
         if self._prepare_write is not None:
             size = handle.buffer_size
             job = self._prepare_write([(handle.copy_descriptor((size,), (1,), 1), raw)], stream)
             if job is not None:
-                return self._after(job, stream, fire, stream, create, handle, raw)
-        fire(stream, create, handle, raw)
+                return self._after(job, stream, fire, stream, written, create, handle, raw)
+        fire(stream, written, create, handle, raw)
         return None
 
     def empty(self, size: int) -> Handle:
@@ -236,9 +237,10 @@ class ClientCore(MemoryOps):
 
     def _write(self, stream: StreamId, copies: list[tuple[CopyDescriptor, Any]]) -> Any:
         job = self._prepare_write(copies, stream) if self._prepare_write is not None else None
+        fire, written = self._channel.fire_writing, [d.binding for d, _ in copies]
         if job is not None:
-            return self._after(job, stream, self._channel.fire, stream, self._server.write, copies)
-        self._channel.fire(stream, self._server.write, copies)
+            return self._after(job, stream, fire, stream, written, self._server.write, copies)
+        fire(stream, written, self._server.write, copies)
         return None
 
     def read(self, bindings: Sequence[Binding | Handle]) -> asyncio.Future[list[bytes]]:
@@ -335,12 +337,20 @@ class ClientCore(MemoryOps):
         else:
             job = prepare(kernel, count, stream)
         if job is not None:
-            fire, execute = self._channel.fire, self._server.execute
-            return self._after(job, stream, fire, stream, execute, kernel, count, bindings, mode)
-        try:  # Channel.fire, inlined: one frame less per launch
+            fire, execute = self._channel.fire_writing, self._server.execute
+            written = _written(bindings)
+            return self._after(
+                job, stream, fire, stream, written, execute, kernel, count, bindings, mode
+            )
+        channel = self._channel
+        try:  # Channel.fire_writing, inlined: one frame less per launch
             self._server.execute(kernel, count, bindings, mode, stream)
         except BaseException as exc:
-            self._channel.hold(stream, exc)
+            channel.hold(stream, exc)
+            channel.taint(stream, _written(bindings), exc)
+            return None
+        if channel._clears_at_call and channel._held._tainted:
+            channel._held.clear(b.memory.id for b in _written(bindings))
         return None
 
     async def _after(
@@ -352,9 +362,13 @@ class ClientCore(MemoryOps):
         try:
             await self._jobs.run(job)
         except Exception as exc:
-            self._channel.hold(stream, exc)
-            if then == self._channel.fire:  # ==: each access makes a new bound method
-                return  # fire-and-forget: skip the command; the error is held
+            channel = self._channel
+            channel.hold(stream, exc)
+            if then == channel.fire_writing:  # ==: each access makes a new bound method
+                channel.taint(stream, args[1], exc)  # fire-and-forget: the command is
+                return  # skipped, its error held and its buffers tainted
+            if then == channel.fire:
+                return
         self._channel.activate()  # another client's commands may have run meanwhile
         then(*args)
 
@@ -362,3 +376,10 @@ class ClientCore(MemoryOps):
         """Submit work buffered for the calling task's stream."""
         self._channel.check()
         self._send_fire(self._server.flush)
+
+
+def _written(bindings: Bindings) -> list[Binding]:
+    """The bindings a launch may write: its buffers and its tensor maps' buffers."""
+    if not bindings.tensor_maps:
+        return list(bindings.buffers)
+    return [*bindings.buffers, *(t.binding for t in bindings.tensor_maps)]

@@ -30,6 +30,7 @@ __all__ = [
     "OutOfMemory",
     "ProfileError",
     "ScalarTypeError",
+    "TaintedBuffer",
     "Unknown",
     "UnsupportedBackend",
     "UnsupportedIoOperation",
@@ -64,6 +65,12 @@ class UnsupportedStrides(IoError):
 
 class InvalidHandle(IoError):
     """A handle or binding does not belong to this client, was freed, or is out of range."""
+
+
+class TaintedBuffer(IoError):
+    """A read of a buffer whose last writer failed: the bytes there are not what any
+    successful command wrote. The message names the failed command and its error (raised
+    on its own stream). A later successful write to the buffer clears this."""
 
 
 class Unknown(IoError):

@@ -28,9 +28,10 @@ from typing import Any, TypeVar, TypeVarTuple
 
 import trio
 
+from .awaitable import WatchedFuture
 from .errors import LoopMismatchError
 
-__all__ = ["TrioFuture", "TrioLoop", "TrioTask"]
+__all__ = ["TrioClientFuture", "TrioFuture", "TrioLoop", "TrioTask"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -109,6 +110,18 @@ class TrioFuture(asyncio.Future[T]):
         return cancelled
 
 
+class TrioClientFuture(WatchedFuture, TrioFuture[T]):
+    """An awaitable of a client under trio (see :mod:`.awaitable`)."""
+
+    __slots__ = ("_ac_from", "_ac_seen")
+
+    def __await__(self) -> Generator[Any, None, T]:
+        self._ac_seen = True
+        return TrioFuture.__await__(self)
+
+    __iter__ = __await__
+
+
 class TrioTask(TrioFuture[T]):
     """A coroutine running as a trio system task, seen as a future of its result.
     ``cancel()`` cancels the coroutine; the future is cancelled once it has ended."""
@@ -166,6 +179,9 @@ class TrioLoop(asyncio.AbstractEventLoop):
         trio.lowlevel.spawn_system_task(self._serve, name="asynccube-trio-loop")
 
     # -- what the core calls --------------------------------------------------------------
+
+    client_future_class = TrioClientFuture
+    """The class of the awaitables a client returns (see :mod:`.awaitable`)."""
 
     def create_future(self) -> asyncio.Future[Any]:
         """A future that trio tasks can await."""

@@ -293,9 +293,18 @@ static int types_ok(FastLaunch *f, PyObject *const *a) {
 }
 
 /* Everything after the stream (p->sid): the launch's own checks and lookups. */
+/* 1 when no buffer is tainted by a failed command (HeldErrors._tainted is empty): else
+ * the Python route runs the command (a launch clears its buffers' taints, a read raises). */
+static int untainted(FastLaunch *f, Refs *r) {
+    PyObject *held = get(r, f->channel, N_HELD), *tainted;
+    return held != NULL && (tainted = get(r, held, N_TAINTED)) != NULL &&
+           PyDict_Check(tainted) && PyDict_GET_SIZE(tainted) == 0;
+}
+
 static int plan_launch(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a) {
     PyObject *kernel = a[0], *count = a[1], *bindings = a[2], *mode = a[3], *o;
     if ((o = get(r, count, N_BINDING)) == NULL || o != Py_None) return 0;
+    if (!untainted(f, r)) return 0;
     if ((o = get(r, bindings, N_TMAPS)) == NULL ||
         (PyList_CheckExact(o) ? PyList_GET_SIZE(o) : PyObject_Length(o)) != 0)
         return 0;
@@ -341,8 +350,8 @@ int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item) {
     if (!channel_ready(f, r, p)) return 0;
     PyObject *held = get(r, f->channel, N_HELD), *errors;
     if (held == NULL || (errors = get(r, held, N_HELD)) == NULL || !PyDict_Check(errors) ||
-        PyDict_GET_SIZE(errors) != 0)
-        return 0; /* an error is held: the route raises it */
+        PyDict_GET_SIZE(errors) != 0 || !untainted(f, r))
+        return 0; /* an error is held or a buffer tainted: the route raises it */
     if (!stream_of(f, r, p)) return 0;
     PyObject *one = keep(r, PyList_New(1));
     if (one == NULL) return 0;

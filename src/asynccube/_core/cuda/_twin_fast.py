@@ -131,8 +131,9 @@ class FastLaunch:
         if type(item) is not self.handle_t and type(item) is not self.binding_t:
             return None
         p = _Plan()
-        if not self._channel_ready(p) or self.channel._held._held:
-            return None  # an error is held: the route raises it
+        held = self.channel._held
+        if not self._channel_ready(p) or held._held or held._tainted:
+            return None  # an error is held or a buffer tainted: the route raises it
         if not self._stream_of(p) or not self._pointers_of(p, [item]):
             return None
         if not 0 < p.nbytes <= self.small_max or not self._own_slot(p, [item]):
@@ -231,6 +232,8 @@ class FastLaunch:
         self, p: _Plan, kernel: Any, count: Any, bindings: Any, mode: Any
     ) -> _Plan | None:
         if count.binding is not None or len(bindings.tensor_maps) != 0:
+            return None
+        if self.channel._held._tainted:  # the route clears the taints of its buffers
             return None
         loaded = self.kernels.get(kernel.id)
         if loaded is None or not self._pointers_of(p, bindings.buffers):

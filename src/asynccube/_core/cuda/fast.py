@@ -111,7 +111,7 @@ def fast_launch(server: CudaServer, channel: Channel) -> FastLaunch:
     fast.set_pointers(server._ptr)  # a buffer's first use: its address found and cached
     later = functools.partial(_read_later, server, channel)
     fast.set_read(Handle, Binding, server._small_reads, SMALL_READ, later, channel._fail,
-                  loop.create_future)  # fmt: skip
+                  channel.new_future)  # fmt: skip
     table, memory = server._table, server._memory
     fast.set_alloc(
         Handle, SliceHandle, table._ids, table._slices, table.failed, table.queue._queue,
@@ -134,4 +134,5 @@ def _read_later(
     route's completion (an event after the copy, watched on the loop) settles ``fut``."""
     completion = server._complete(sid, [cu_stream], lambda: server.finish_small(buf, nbytes))
     channel._pending.add(fut)
-    channel.watcher.watch(completion, lambda done: channel._resolve(fut, done))
+    mark = channel._held.mark()
+    channel.watcher.watch(completion, lambda done: channel._resolve(fut, sid, mark, done))

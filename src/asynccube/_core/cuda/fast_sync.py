@@ -59,7 +59,7 @@ class FastSync:
             self.declined += 1
             return None
         c = self._channel
-        fut: asyncio.Future[None] = c.loop.create_future()
+        fut: asyncio.Future[None] = c.new_future()
         fut.set_result(None)
         c.ran_inline()
         self.hits += 1

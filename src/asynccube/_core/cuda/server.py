@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..backend import run_blocking
 from ..errors import CudaDriverError, DeviceError
+from ..held import HeldErrors
 from ..logging import ServerLogger
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
 from ..memory.slice import SliceHandle
@@ -135,6 +136,9 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps):
         self._staged_reads: dict[int, PinnedBuffer] = {}
         self._small_reads: dict[int, list[PinnedBuffer]] = {}
         self._created_at: dict[int, tuple[StreamId, int]] = {}
+        self.held_errors = HeldErrors()
+        """Errors held per logical stream and tainted buffers (the channel uses this
+        store; a dropped handle's taint is forgotten here)."""
         self._profiles: dict[int, Any] = {}
         self._tokens = itertools.count(1)
         self._zero_copy = zero_copy_read

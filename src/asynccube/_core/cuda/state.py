@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..errors import OutOfMemory
+from ..held import HeldErrors
 from ..kernel import CudaSource
 from ..memory import MemoryManagement
 from ..memory.slice import SliceHandle
@@ -88,6 +89,7 @@ class ServerCore(SliceServer[SliceHandle]):
     _staged_reads: dict[int, PinnedBuffer]
     _small_reads: dict[int, list[PinnedBuffer]]
     _created_at: dict[int, tuple[StreamId, int]]
+    held_errors: HeldErrors
     _profiles: dict[int, Any]
     _tokens: itertools.count[int]
     _zero_copy: int
@@ -148,6 +150,7 @@ class ServerCore(SliceServer[SliceHandle]):
 
     def _forget(self, handle_id: int, memory: SliceHandle) -> None:
         self._addresses.pop(handle_id, None)
+        self.held_errors.forget(handle_id)
         last = self._streams.last_use.pop(handle_id, None)
         created = self._created_at.pop(handle_id, None)
         if last is None or last == created:

@@ -125,6 +125,7 @@ class HostServer(SliceServer[_Bound]):
 
     def _forget(self, handle_id: int, memory: _Bound) -> None:
         self._streams.last_use.pop(handle_id, None)
+        self.held_errors.forget(handle_id)
 
     def staging(self, sizes: Sequence[int], stream: StreamId) -> list[memoryview]:
         """Plain host buffers (host memory is already as fast as it gets); thread-safe."""
@@ -148,7 +149,8 @@ class HostServer(SliceServer[_Bound]):
         if self.recorder.enabled:
             nbytes = sum(mv.nbytes for _, _, mv in jobs)
             run = recorded(run, self.recorder, "write", stream.value, "copy", nbytes)
-        resolved.stream.submit(guarded(run, self.held_errors, stream, "write"))
+        written = [d.binding.memory.id for d, _ in items]
+        resolved.stream.submit(guarded(run, self.held_errors, stream, "write", written))
 
     def read(
         self, descriptors: Sequence[CopyDescriptor], stream: StreamId
@@ -166,7 +168,8 @@ class HostServer(SliceServer[_Bound]):
         if self.recorder.enabled:
             nbytes = sum(d.nbytes for d in descriptors)
             run = recorded(run, self.recorder, "read", stream.value, "copy", nbytes)
-        return self._complete_on(resolved.stream, stream, run)
+        read = [d.binding.memory.id for d in descriptors]
+        return self._complete_on(resolved.stream, run, read)
 
     def get_resource(self, binding: Binding, stream: StreamId) -> HostCompletion[Any]:
         """A writable numpy view of the binding's bytes, once the stream's work is done."""
@@ -174,7 +177,7 @@ class HostServer(SliceServer[_Bound]):
         offset = binding.offset_start or 0
         resolved = self._streams.resolve(stream, (binding,))
         return self._complete_on(
-            resolved.stream, stream, lambda: BindingResource(view, offset, binding.size)
+            resolved.stream, lambda: BindingResource(view, offset, binding.size)
         )
 
     def _view(self, binding: Binding) -> View:
@@ -213,13 +216,22 @@ class HostServer(SliceServer[_Bound]):
         self._created(handle.memory.id, (stream, cursor))
 
     def _complete_on(
-        self, target: HostStream, stream: StreamId, fn: Callable[[], T]
+        self, target: HostStream, fn: Callable[[], T], read: Sequence[int] = ()
     ) -> HostCompletion[T]:
-        """Run ``fn`` on ``target`` after its queued work; fail with the error held for
-        the logical ``stream`` instead, if any (never another stream's)."""
+        """Run ``fn`` on ``target`` after its queued work (failing if a buffer it reads,
+        memory ids ``read``, is tainted); the channel raises the errors held for the
+        calling stream by then with it."""
         done: HostCompletion[T] = HostCompletion()
-        target.submit(completing(done, fn, self.held_errors, stream))
+        target.submit(completing(done, fn, self.held_errors, read))
         return done
+
+    def taint(self, stream: StreamId, bindings: Sequence[Binding], error: BaseException) -> None:
+        """Mark ``bindings`` as last written by a command that failed with ``error``
+        when it was issued, in stream order (after the work queued before it)."""
+        resolved = self._streams.resolve(stream, bindings)
+        ids = [b.memory.id for b in bindings]
+        held = self.held_errors
+        resolved.stream.submit(lambda: held.taint(ids, error))
 
     # -- execution ------------------------------------------------------------------
 
@@ -267,7 +279,10 @@ class HostServer(SliceServer[_Bound]):
         recorder = self.recorder
         if recorder.enabled:
             run = recorded(run, recorder, kernel.id, stream.value, "kernel", None)
-        target.submit(guarded(run, self.held_errors, stream, f"kernel {kernel.id!r}"))
+        written = [b.memory.id for b in bindings.buffers]
+        written += [t.binding.memory.id for t in bindings.tensor_maps]
+        what = f"kernel {kernel.id!r}"
+        target.submit(guarded(run, self.held_errors, stream, what, written))
 
     def _count_view(self, binding: Binding) -> View:
         if binding.size < 12:
@@ -295,7 +310,7 @@ class HostServer(SliceServer[_Bound]):
                 event.wait()
 
         current.submit(wait_all)
-        return self._complete_on(current, stream, lambda: None)
+        return self._complete_on(current, lambda: None)
 
     # -- memory ---------------------------------------------------------------------
 

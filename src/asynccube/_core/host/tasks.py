@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -21,39 +21,58 @@ from ..profiling import KernelRecorder, RecordKind
 from ..stream_id import StreamId
 from .worker import HostCompletion
 
-__all__ = ["CloseState", "completing", "guarded", "read_count", "recorded"]
+__all__ = ["CloseState", "completing", "failed", "guarded", "read_count", "recorded"]
 
 T = TypeVar("T")
 
 
 def guarded(
-    fn: Callable[[], object], held: HeldErrors, stream: StreamId, what: str
+    fn: Callable[[], object],
+    held: HeldErrors,
+    stream: StreamId,
+    what: str,
+    written: Sequence[int] = (),
 ) -> Callable[[], None]:
-    """``fn`` as a worker task whose error is held for the logical ``stream``."""
-    hold = held.hold
+    """``fn`` as a worker task whose error is held for the logical ``stream``; the
+    buffers it writes (memory ids ``written``) are tainted if it fails, and their taints
+    cleared if it succeeds."""
 
     def task() -> None:
         try:
             fn()
         except AsyncCubeError as exc:
-            hold(stream, exc)
+            failed(held, stream, written, exc)
         except Exception as exc:
             err = ExecutionError(f"{what} failed on {stream}: {type(exc).__name__}: {exc}")
             err.__cause__ = exc
-            hold(stream, err)
+            failed(held, stream, written, err)
+        else:
+            if held._tainted:
+                held.clear(written)
 
     return task
 
 
+def failed(held: HeldErrors, stream: StreamId, written: Sequence[int], exc: BaseException) -> None:
+    """Hold ``exc`` for ``stream`` and taint the buffers ``written``."""
+    held.hold(stream, exc)
+    held.taint(written, exc)
+
+
 def completing(
-    done: HostCompletion[T], fn: Callable[[], T], held: HeldErrors, stream: StreamId
+    done: HostCompletion[T],
+    fn: Callable[[], T],
+    held: HeldErrors,
+    read: Sequence[int] = (),
 ) -> Callable[[], None]:
-    """A worker task completing ``done`` with ``fn()``, or with the error held for the
-    logical ``stream`` (never another stream's) if there is one."""
-    take = held.take
+    """A worker task completing ``done`` with ``fn()``; it fails with
+    :class:`~..errors.TaintedBuffer` if a buffer it reads (memory ids ``read``) was last
+    written by a failed command. ``done.held_mark`` tells which errors were held for its
+    stream by then: the channel raises those with it."""
 
     def run() -> None:
-        error = take(stream)
+        done.held_mark = held.mark()
+        error = held.check(read) if read else None
         if error is not None:
             done.set_error(error)
             return

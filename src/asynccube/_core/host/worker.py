@@ -29,9 +29,11 @@ class HostCompletion(Generic[T]):
     """A result produced on a worker thread; implements the ``Completion`` protocol and
     notifies callbacks (on the worker thread) when done."""
 
-    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_value")
+    __slots__ = ("_callbacks", "_error", "_event", "_lock", "_value", "held_mark")
 
     def __init__(self) -> None:
+        self.held_mark = 0
+        """The last error held (``HeldErrors.mark``) when the work ran (set by the task)."""
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], object]] = []
