@@ -43,3 +43,21 @@ async def test_the_typed_program_runs() -> None:
     result, timeline = await typed_program.run("host")
     np.testing.assert_array_equal(result, 2 * np.arange(8, dtype=np.float32) + 1)
     assert timeline.device == "host"
+
+
+@pytest.mark.slow
+def test_mypy_flags_an_unawaited_call(tmp_path: Path) -> None:
+    pytest.importorskip("mypy")
+    program = tmp_path / "forgot.py"
+    program.write_text(
+        "import asynccube as ac\n\n\n"
+        "async def forgot(client: ac.ComputeClient) -> None:\n"
+        "    client.sync()\n"
+    )
+    env = {**os.environ, "MYPYPATH": str(ROOT / "src")}
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+         "--enable-error-code", "unused-awaitable", str(program)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 1 and "unused-awaitable" in result.stdout, result.stdout
