@@ -31,22 +31,27 @@ __all__ = ["ClientFuture", "WatchedFuture", "new_future"]
 
 T = TypeVar("T")
 _getframe = sys._getframe
-_current = StreamId.current
 _future_await = asyncio.Future.__await__
 _PACKAGE = "asynccube."
 
 
 class WatchedFuture:
     """What every client future does when it is dropped (see above); mixed into an
-    asyncio future class whose ``__slots__`` name ``_ac_from`` and ``_ac_seen``."""
+    asyncio future class whose ``__slots__`` name ``_ac_from``, ``_ac_seen`` and
+    ``_ac_stream``."""
 
     __slots__ = ()
-    _ac_from: tuple[HeldErrors, StreamId, str, str, int]
-    """(errors store, stream, call, file, line) of the call that made it."""
+    _ac_from: tuple[HeldErrors, str, str, int]
+    """(errors store, call, file, line) of the call that made it."""
     _ac_seen: bool
+    _ac_stream: StreamId
+    """The stream its error goes back to (set when it fails)."""
 
     def __del__(self) -> None:
         fut: asyncio.Future[Any] = self  # type: ignore[assignment]
+        seen = getattr(self, "_ac_seen", False)
+        if seen and not fut._log_traceback:  # the common case: awaited, nothing left
+            return
         try:
             origin = self._ac_from
         except AttributeError:  # not made by new_future: asyncio's own finalizer
@@ -54,11 +59,11 @@ class WatchedFuture:
             return
         if not fut.done() or fut.cancelled():
             return
-        seen = getattr(self, "_ac_seen", False)
         if fut._log_traceback:  # an error nobody retrieved: back to its stream
             error = fut.exception()
-            if error is not None:
-                origin[0].restore(origin[1], error)
+            stream = getattr(self, "_ac_stream", None)
+            if error is not None and stream is not None:
+                origin[0].restore(stream, error)
         if not seen:
             _warn_unawaited(origin)
 
@@ -81,7 +86,7 @@ class WatchedFuture:
 class ClientFuture(WatchedFuture, asyncio.Future[T]):
     """An awaitable of a client (asyncio): see the module docstring."""
 
-    __slots__ = ("_ac_from", "_ac_seen")
+    __slots__ = ("_ac_from", "_ac_seen", "_ac_stream")
 
     def __await__(self) -> Generator[Any, None, T]:
         self._ac_seen = True
@@ -91,34 +96,40 @@ class ClientFuture(WatchedFuture, asyncio.Future[T]):
 
 
 def new_future(
-    cls: type[asyncio.Future[Any]],
-    loop: asyncio.AbstractEventLoop,
-    held: HeldErrors,
-    stream: StreamId | None = None,
+    cls: type[asyncio.Future[Any]], loop: asyncio.AbstractEventLoop, held: HeldErrors
 ) -> asyncio.Future[Any]:
     """A client future of class ``cls`` (:class:`ClientFuture`, or trio's) on ``loop``,
-    owned by ``stream`` (the calling task's by default), remembering which call made it."""
+    remembering which call made it (the first frame outside asynccube, and the last
+    inside). Whoever fails it sets the stream its error goes back to (``_ac_stream``)."""
     fut = cls(loop=loop)
     frame: Any = _getframe(1)
     call = "a call"
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PACKAGE):
-        call = frame.f_code.co_name
+    ours = _OURS
+    while frame is not None:
+        code = frame.f_code
+        mine = ours.get(code)
+        if mine is None:
+            mine = ours[code] = frame.f_globals.get("__name__", "").startswith(_PACKAGE)
+        if not mine:
+            break
+        call = code.co_name
         frame = frame.f_back
-    where = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("?", 0)
-    fut._ac_from = (  # type: ignore[attr-defined]
-        held,
-        _current() if stream is None else stream,
-        call,
-        *where,
-    )
+    if frame is None:
+        fut._ac_from = (held, call, "?", 0)  # type: ignore[attr-defined]
+    else:
+        fut._ac_from = (held, call, frame.f_code.co_filename, frame.f_lineno)  # type: ignore[attr-defined]
     return fut
 
 
-def _warn_unawaited(origin: tuple[Any, StreamId, str, str, int]) -> None:
-    _, stream, call, filename, line = origin
+_OURS: dict[Any, bool] = {}
+"""Code object -> whether it is asynccube's (a cache for ``new_future``'s walk)."""
+
+
+def _warn_unawaited(origin: tuple[Any, str, str, int]) -> None:
+    _, call, filename, line = origin
     warnings.warn(
         f"the awaitable returned by client.{call}() at {filename}:{line} was never "
-        f"awaited (on {stream}); await it (a fire-and-forget call returns None)",
+        "awaited; await it (a fire-and-forget call returns None)",
         RuntimeWarning,
         stacklevel=2,
     )

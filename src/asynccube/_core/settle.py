@@ -14,6 +14,7 @@ failed one nobody retrieved is kept (weakly) in ``_unclaimed`` for ``close()``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -68,8 +69,7 @@ class Settling:
 
     def request(self, op: Op, *args: Any) -> asyncio.Future[Any]:
         """Queue a command whose last argument is the future it resolves; return it."""
-        stream = args[0] if args and type(args[0]) is StreamId else None
-        fut = new_future(self._future_class, self.loop, self._held, stream)
+        fut = new_future(self._future_class, self.loop, self._held)
         pending = self._pending
         if len(pending) >= self._prune_at:
             pending.difference_update([f for f in pending if f.done()])
@@ -83,8 +83,13 @@ class Settling:
         command of this channel sets and another client's command awaits)."""
         self._pending.add(fut)
 
+    def future_factory(self) -> Callable[[], asyncio.Future[Any]]:
+        """Makes client futures (for the servers' fast routes: no frame of its own, so
+        a future still names the user's line that asked for it)."""
+        return functools.partial(new_future, self._future_class, self.loop, self._held)
+
     def new_future(self) -> asyncio.Future[Any]:
-        """A client future of the calling task's stream (for the servers' fast routes)."""
+        """A client future."""
         return new_future(self._future_class, self.loop, self._held)
 
     def fire(self, stream: StreamId, fn: Callable[..., Any], *args: Any) -> None:
@@ -219,14 +224,20 @@ class Settling:
             if held is not None:  # nobody will see it there (cancelled): back to the stream
                 self._held.restore(stream, held)
             return
-        self._fail(fut, error)
+        self._fail(fut, error, stream)
 
-    def _fail(self, fut: asyncio.Future[Any], exc: BaseException) -> None:
+    def _fail(
+        self, fut: asyncio.Future[Any], exc: BaseException, stream: StreamId | None = None
+    ) -> None:
+        """Fail ``fut`` with ``exc``; unretrieved, it goes back to ``stream`` (by default
+        the calling task's: a fast route fails a future in its caller's task)."""
         if getattr(exc, "sticky", False):
             self._die(exc)
         self._pending.discard(fut)
         if not fut.done():
             detach_frames(exc)  # a traceback's frames would keep the command's buffers
+            if hasattr(fut, "_ac_from"):
+                fut._ac_stream = StreamId.current() if stream is None else stream  # type: ignore[attr-defined]
             fut.set_exception(exc)
             self._unclaimed.add(fut)
 

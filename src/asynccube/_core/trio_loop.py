@@ -113,7 +113,7 @@ class TrioFuture(asyncio.Future[T]):
 class TrioClientFuture(WatchedFuture, TrioFuture[T]):
     """An awaitable of a client under trio (see :mod:`.awaitable`)."""
 
-    __slots__ = ("_ac_from", "_ac_seen")
+    __slots__ = ("_ac_from", "_ac_seen", "_ac_stream")
 
     def __await__(self) -> Generator[Any, None, T]:
         self._ac_seen = True

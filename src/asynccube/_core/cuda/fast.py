@@ -111,7 +111,7 @@ def fast_launch(server: CudaServer, channel: Channel) -> FastLaunch:
     fast.set_pointers(server._ptr)  # a buffer's first use: its address found and cached
     later = functools.partial(_read_later, server, channel)
     fast.set_read(Handle, Binding, server._small_reads, SMALL_READ, later, channel._fail,
-                  channel.new_future)  # fmt: skip
+                  channel.future_factory())  # fmt: skip
     table, memory = server._table, server._memory
     fast.set_alloc(
         Handle, SliceHandle, table._ids, table._slices, table.failed, table.queue._queue,

@@ -41,7 +41,8 @@ _get_running_loop = asyncio._get_running_loop
 class FastSync:
     """``fast_sync() -> a resolved future, or None`` for one client (see above)."""
 
-    __slots__ = ("_channel", "_context", "_on_loop", "_open", "_server", "declined", "hits")
+    __slots__ = ("_channel", "_context", "_new_future", "_on_loop", "_open", "_server",
+                 "declined", "hits")  # fmt: skip
 
     def __init__(self, server: CudaServer, channel: Channel) -> None:
         from ..channel import State
@@ -51,6 +52,7 @@ class FastSync:
         self._open = State.OPEN
         self._context = server._ctx.context
         self._on_loop = None if channel.backend.name == "asyncio" else channel.backend.on_loop
+        self._new_future = channel.future_factory()
         self.hits = 0
         self.declined = 0
 
@@ -59,7 +61,7 @@ class FastSync:
             self.declined += 1
             return None
         c = self._channel
-        fut: asyncio.Future[None] = c.new_future()
+        fut: asyncio.Future[None] = self._new_future()
         fut.set_result(None)
         c.ran_inline()
         self.hits += 1
