@@ -260,12 +260,29 @@ class ClientCore(MemoryOps):
         channel = self._channel
         return channel.request(self._read, StreamId.current(), descs)
 
-    def _read(self, stream: StreamId, descs: list[CopyDescriptor], fut: Any) -> Any:
+    def _read_arrays(self, descs: list[CopyDescriptor]) -> asyncio.Future[list[Any]] | None:
+        """Like :meth:`read_tensor` (the caller checked the channel), each result a new
+        writable uint8 array the caller owns, where the server makes them (the host's
+        ``read_arrays``: no copy on the loop); None where it does not."""
+        reader = getattr(self._server, "read_arrays", None)
+        if reader is None:
+            return None
+        read = functools.partial(self._read, reader=reader)
+        return self._channel.request(read, StreamId.current(), descs)
+
+    def _read(
+        self,
+        stream: StreamId,
+        descs: list[CopyDescriptor],
+        fut: Any,
+        reader: Callable[..., Any] | None = None,
+    ) -> Any:
         job = self._prepare_read(descs, stream) if self._prepare_read is not None else None
         wait = self._channel.await_completion
+        read = self._server.read if reader is None else reader
         if job is not None:
-            return self._after(job, stream, wait, stream, self._server.read, descs, fut)
-        wait(stream, self._server.read, descs, fut)
+            return self._after(job, stream, wait, stream, read, descs, fut)
+        wait(stream, read, descs, fut)
         return None
 
     def sync(self) -> asyncio.Future[None]:
