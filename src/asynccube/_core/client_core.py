@@ -145,7 +145,10 @@ class ClientCore(MemoryOps):
 
         ``bytes`` are taken by reference (immutable), buffers from :meth:`staging` are
         handed over; any other buffer is copied now, so later changes to it do not leak
-        into the buffer.
+        into the buffer, except on the host server, which borrows one of 1 MiB or more
+        (its worker copies it in stream order, off the loop): do not modify that one
+        until an awaited call on this stream after it returns (README, "Data is
+        snapshotted").
         """
         self._channel.check()
         raw = self._snapshot(data)
@@ -227,7 +230,8 @@ class ClientCore(MemoryOps):
     # -- data movement ------------------------------------------------------------------
 
     def write(self, items: Sequence[tuple[CopyDescriptor, DataLike]]) -> None:
-        """Write dense data into each (possibly strided) tensor, in stream order."""
+        """Write dense data into each (possibly strided) tensor, in stream order (the
+        data is snapshotted or borrowed as for :meth:`create`)."""
         self._channel.check()
         copies = [
             (_descriptor(d), self._snapshot(data)) for d, data in _items("write", "items", items)
