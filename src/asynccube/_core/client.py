@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .channel import BATCH_SECONDS, State
-from .client_args import _array_layout, _same_as_tensor
+from .client_args import _array_layout, _same_as_tensor, _whole
 from .client_core import ClientCore
 from .config import AsyncCubeConfig
 from .errors import InvalidArgument, ProfileError
@@ -34,6 +34,7 @@ from .transfer import to_client
 from .types import (
     AllocationKind,
     Binding,
+    CopyDescriptor,
     Handle,
     ProfileDuration,
     ProfilingToken,
@@ -151,10 +152,11 @@ class ComputeClient(ClientCore):
 
     def create_array(self, array: npt.ArrayLike) -> Tensor:
         """A new tensor holding a copy of ``array`` (contiguous layout)."""
-        arr = np.ascontiguousarray(array)
+        # An ndarray goes as it is (a strided one too): the host server borrows a large
+        # one and packs it off the loop; anything else is converted here.
+        arr = array if type(array) is np.ndarray and array.ndim else np.ascontiguousarray(array)
         handle = self.create(arr)
-        strides = tuple(s // arr.itemsize for s in arr.strides) if arr.ndim else ()
-        return Tensor(handle, arr.shape, strides, arr.dtype, self)
+        return Tensor(handle, arr.shape, tensor_strides(arr.shape, None), arr.dtype, self)
 
     def empty_array(
         self,
@@ -204,13 +206,32 @@ class ComputeClient(ClientCore):
         new numpy array of the right dtype and shape."""
         if isinstance(source, Tensor):
             _same_as_tensor(source, dtype, shape)
-            (raw,) = await self.read_tensor([source.copy_descriptor()])
-            return np.frombuffer(raw, dtype=source.dtype).reshape(source.shape).copy()
+            self._channel.check()
+            return await self._read_new(source.copy_descriptor(), source.dtype, source.shape)
         if dtype is None:
             raise InvalidArgument("read_array of a Handle or Binding needs dtype=")
         dt, dims = _array_layout(source, dtype, shape)
-        (raw,) = await self.read([source])
-        flat = np.frombuffer(raw, dtype=dt).copy()
+        self._channel.check()
+        return await self._read_new(_whole(source), dt, dims, source)
+
+    async def _read_new(
+        self,
+        desc: CopyDescriptor,
+        dt: np.dtype[Any],
+        dims: tuple[int, ...] | None,
+        buffer: Binding | Handle | None = None,
+    ) -> npt.NDArray[Any]:
+        """``read_array``'s read: a new array of ``desc``'s data, made by the server off
+        the loop where it can (host), else copied from the bytes read."""
+        owned = self._read_arrays([desc])
+        flat: npt.NDArray[Any]
+        if owned is not None:
+            (raw,) = await owned
+            flat = raw.view(dt)
+        else:
+            read = self.read_tensor([desc]) if buffer is None else self.read([buffer])
+            (raw,) = await read
+            flat = np.frombuffer(raw, dtype=dt).copy()
         return flat if dims is None else flat.reshape(dims)
 
     # -- graphs and other clients ---------------------------------------------------------

@@ -145,7 +145,10 @@ class ClientCore(MemoryOps):
 
         ``bytes`` are taken by reference (immutable), buffers from :meth:`staging` are
         handed over; any other buffer is copied now, so later changes to it do not leak
-        into the buffer.
+        into the buffer, except on the host server, which borrows one of 1 MiB or more
+        (its worker copies it in stream order, off the loop): do not modify that one
+        until an awaited call on this stream after it returns (README, "Data is
+        snapshotted").
         """
         self._channel.check()
         raw = self._snapshot(data)
@@ -228,7 +231,8 @@ class ClientCore(MemoryOps):
     # -- data movement ------------------------------------------------------------------
 
     def write(self, items: Sequence[tuple[CopyDescriptor, DataLike]]) -> None:
-        """Write dense data into each (possibly strided) tensor, in stream order."""
+        """Write dense data into each (possibly strided) tensor, in stream order (the
+        data is snapshotted or borrowed as for :meth:`create`)."""
         self._channel.check()
         copies = [
             (_descriptor(d), self._snapshot(data)) for d, data in _items("write", "items", items)
@@ -262,12 +266,29 @@ class ClientCore(MemoryOps):
         channel = self._channel
         return channel.request(self._read, StreamId.current(), descs)
 
-    def _read(self, stream: StreamId, descs: list[CopyDescriptor], fut: Any) -> Any:
+    def _read_arrays(self, descs: list[CopyDescriptor]) -> asyncio.Future[list[Any]] | None:
+        """Like :meth:`read_tensor` (the caller checked the channel), each result a new
+        writable uint8 array the caller owns, where the server makes them (the host's
+        ``read_arrays``: no copy on the loop); None where it does not."""
+        reader = getattr(self._server, "read_arrays", None)
+        if reader is None:
+            return None
+        read = functools.partial(self._read, reader=reader)
+        return self._channel.request(read, StreamId.current(), descs)
+
+    def _read(
+        self,
+        stream: StreamId,
+        descs: list[CopyDescriptor],
+        fut: Any,
+        reader: Callable[..., Any] | None = None,
+    ) -> Any:
         job = self._prepare_read(descs, stream) if self._prepare_read is not None else None
         wait = self._channel.await_completion
+        read = self._server.read if reader is None else reader
         if job is not None:
-            return self._after(job, stream, wait, stream, self._server.read, descs, fut)
-        wait(stream, self._server.read, descs, fut)
+            return self._after(job, stream, wait, stream, read, descs, fut)
+        wait(stream, read, descs, fut)
         return None
 
     def sync(self) -> asyncio.Future[None]:

@@ -13,12 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..bindings import Bindings, CubeCount
 from ..capture import CapturedLaunch, NoNewPages, guarded_create, refuse_dynamic
 from ..kernel import Kernel
 from ..server import BytesLike
 from ..stream_id import StreamId
 from ..types import CopyDescriptor, ExecutionMode
+from .copies import dense, source_nbytes
 from .layout import check_copy
 
 if TYPE_CHECKING:
@@ -95,10 +98,15 @@ class HostCapture:
         if not self._mine(stream):
             type(server).write(server, items, stream)
             return
-        for desc, data in items:
-            check_copy(desc, memoryview(data).cast("B").nbytes)
+        kept: list[tuple[CopyDescriptor, BytesLike]] = []
+        for desc, item in items:
+            data: Any = item  # bytes-like, or an array borrowed by ``snapshot``
+            check_copy(desc, source_nbytes(data))
             server.check_binding(desc.binding)
-        self._commands.append((list(items),))
+            # A borrowed array (large data, see .copies) is copied now: a replay writes
+            # what the data was when it was captured, as for small data.
+            kept.append((desc, dense(data).tobytes() if isinstance(data, np.ndarray) else data))
+        self._commands.append((kept,))
 
     def _restore(self) -> None:
         server: Any = self._server

@@ -10,12 +10,15 @@ import numpy.typing as npt
 
 from ..errors import BufferTooBig, InvalidArgument, UnsupportedStrides
 from ..types import AllocationDescriptor, AllocationKind, CopyDescriptor
+from .copies import new_bytes
 
 __all__ = [
     "allocation_layout",
     "check_copy",
     "contiguous_strides",
     "gather",
+    "gather_array",
+    "gather_into",
     "scatter",
 ]
 
@@ -93,16 +96,33 @@ def _strided(view: npt.NDArray[np.uint8], desc: CopyDescriptor) -> npt.NDArray[n
 
 
 def gather(view: npt.NDArray[np.uint8], desc: CopyDescriptor) -> bytes:
-    """The tensor ``desc`` describes inside ``view``, densely packed."""
-    if desc.strides == contiguous_strides(desc.shape):
-        return view[: desc.nbytes].tobytes()
-    return np.ascontiguousarray(_strided(view, desc)).tobytes()
+    """The tensor ``desc`` describes inside ``view``, densely packed, as new ``bytes``
+    (filled by numpy with the GIL released, see :func:`.copies.new_bytes`)."""
+    out, dst = new_bytes(desc.nbytes)
+    gather_into(dst, view, desc)
+    return out
 
 
-def scatter(view: npt.NDArray[np.uint8], desc: CopyDescriptor, data: memoryview) -> None:
-    """Write dense ``data`` into the tensor ``desc`` describes inside ``view``."""
-    src = np.frombuffer(data, dtype=np.uint8)
+def gather_array(view: npt.NDArray[np.uint8], desc: CopyDescriptor) -> npt.NDArray[np.uint8]:
+    """Like :func:`gather`, into a new writable uint8 array the caller owns."""
+    dst = np.empty(desc.nbytes, dtype=np.uint8)
+    gather_into(dst, view, desc)
+    return dst
+
+
+def gather_into(
+    dst: npt.NDArray[np.uint8], view: npt.NDArray[np.uint8], desc: CopyDescriptor
+) -> None:
+    """Pack the tensor ``desc`` describes inside ``view`` into ``dst`` (its size)."""
     if desc.strides == contiguous_strides(desc.shape):
-        view[: desc.nbytes] = src
+        np.copyto(dst, view[: desc.nbytes])
         return
-    _strided(view, desc)[...] = src.reshape((*desc.shape, desc.elem_size))
+    np.copyto(dst.reshape((*desc.shape, desc.elem_size)), _strided(view, desc))
+
+
+def scatter(view: npt.NDArray[np.uint8], desc: CopyDescriptor, data: npt.NDArray[np.uint8]) -> None:
+    """Write dense bytes ``data`` into the tensor ``desc`` describes inside ``view``."""
+    if desc.strides == contiguous_strides(desc.shape):
+        np.copyto(view[: desc.nbytes], data)
+        return
+    _strided(view, desc)[...] = data.reshape((*desc.shape, desc.elem_size))

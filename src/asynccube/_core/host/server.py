@@ -45,7 +45,8 @@ from ..types import (
     ProfilingToken,
     TimingMethod,
 )
-from .layout import check_copy, gather, scatter
+from .copies import borrow, dense, source_nbytes
+from .layout import check_copy, gather, gather_array, scatter
 from .tasks import CloseState, completing, guarded, read_count, recorded
 from .worker import HostBackend, HostCompletion, HostStream
 
@@ -133,21 +134,30 @@ class HostServer(SliceServer[_Bound]):
 
     # -- I/O ------------------------------------------------------------------------
 
+    def snapshot(self, data: Any) -> npt.NDArray[Any] | None:
+        """Large data borrowed instead of copied on the loop (the client's hook, called
+        for anything but ``bytes`` and staging buffers): the worker copies from it in
+        stream order (see :mod:`.copies`); None: the client snapshots it now."""
+        return borrow(data)
+
     def write(self, items: Sequence[tuple[CopyDescriptor, BytesLike]], stream: StreamId) -> None:
-        """Queue dense bytes into each tensor, in stream order."""
+        """Queue dense bytes into each tensor, in stream order (the worker copies, from
+        a borrowed array too: nothing large is copied on the loop)."""
         jobs = []
         for desc, data in items:
-            mv = memoryview(data).cast("B")
-            check_copy(desc, mv.nbytes)
-            jobs.append((self._view(desc.binding), desc, mv))
+            src: Any = data  # bytes-like, or an array borrowed by ``snapshot``
+            if not isinstance(src, np.ndarray):
+                src = memoryview(src).cast("B")
+            check_copy(desc, source_nbytes(src))
+            jobs.append((self._view(desc.binding), desc, src))
         resolved = self._streams.resolve(stream, (d.binding for d, _ in items))
 
         def run() -> None:
-            for view, desc, mv in jobs:
-                scatter(view, desc, mv)
+            for view, desc, src in jobs:
+                scatter(view, desc, dense(src))
 
         if self.recorder.enabled:
-            nbytes = sum(mv.nbytes for _, _, mv in jobs)
+            nbytes = sum(source_nbytes(src) for _, _, src in jobs)
             run = recorded(run, self.recorder, "write", stream.value, "copy", nbytes)
         written = [d.binding.memory.id for d, _ in items]
         resolved.stream.submit(guarded(run, self.held_errors, stream, "write", written))
@@ -155,15 +165,31 @@ class HostServer(SliceServer[_Bound]):
     def read(
         self, descriptors: Sequence[CopyDescriptor], stream: StreamId
     ) -> HostCompletion[list[bytes]]:
-        """Bytes of each tensor once the stream reaches this point."""
+        """Bytes of each tensor once the stream reaches this point (built on the worker,
+        the GIL released while they are filled)."""
+        return self._read_with(gather, descriptors, stream)
+
+    def read_arrays(
+        self, descriptors: Sequence[CopyDescriptor], stream: StreamId
+    ) -> HostCompletion[list[npt.NDArray[np.uint8]]]:
+        """Like :meth:`read`, each tensor's bytes in a new writable uint8 array the
+        caller owns (``read_array`` returns a view of it: no second copy)."""
+        return self._read_with(gather_array, descriptors, stream)
+
+    def _read_with(
+        self,
+        pack: Callable[[View, CopyDescriptor], T],
+        descriptors: Sequence[CopyDescriptor],
+        stream: StreamId,
+    ) -> HostCompletion[list[T]]:
         jobs = []
         for desc in descriptors:
             check_copy(desc)
             jobs.append((self._view(desc.binding), desc))
         resolved = self._streams.resolve(stream, (d.binding for d in descriptors))
 
-        def run() -> list[bytes]:
-            return [gather(v, d) for v, d in jobs]
+        def run() -> list[T]:
+            return [pack(v, d) for v, d in jobs]
 
         if self.recorder.enabled:
             nbytes = sum(d.nbytes for d in descriptors)
