@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any, Final, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
 
 from .bindings import TensorMapBinding
-from .errors import InvalidArgument, KernelNotSupported
+from .errors import ExecutionError, InvalidArgument, KernelNotSupported
 
-__all__ = ["CudaSource", "HostLaunch", "Kernel"]
+__all__ = ["CudaSource", "HostLaunch", "Kernel", "LaunchGuard", "launch_maps", "launch_views"]
 
 S = TypeVar("S", bound=np.generic)
 
@@ -46,6 +48,13 @@ class CudaSource:
 class HostLaunch:
     """What a host kernel function receives.
 
+    Its views are valid only while the kernel runs: the memory is reused for later
+    buffers once the launch is done. A kernel that keeps one (``launch.buffers[0]``, a
+    view derived from it, or the launch itself) past its return fails the launch with
+    :class:`~asynccube.ExecutionError` naming it; the views it was given turn read-only,
+    and the buffers stay reserved until every kept view is gone, so no later buffer
+    shares their memory. Copy what must outlive the launch (``np.copy``).
+
     Attributes:
         buffers: A writable ``uint8`` numpy view of each buffer binding (offsets applied).
         scalars: Scalars by numpy dtype (one array per dtype present).
@@ -78,6 +87,81 @@ class HostLaunch:
 
 
 HostFn = Callable[[HostLaunch], None]
+
+_View = npt.NDArray[np.uint8]
+_frombuffer = np.frombuffer
+_getrefcount = sys.getrefcount
+_U8: Final = np.dtype(np.uint8)
+
+
+def launch_views(views: list[_View]) -> list[_View]:
+    """A new ``uint8`` view of each of ``views`` for one launch.
+
+    Each is built over a memoryview, so that numpy makes it the base of every view
+    derived from it (``b.view(np.float32)``, ``b[4:]``): whatever the kernel keeps of
+    it then holds a reference to it, which :class:`LaunchGuard` counts.
+    """
+    return [_frombuffer(memoryview(v), _U8) for v in views]  # type: ignore[arg-type]
+
+
+def launch_maps(
+    maps: list[tuple[TensorMapBinding, _View]],
+) -> list[tuple[TensorMapBinding, _View]]:
+    """Each tensor map with a new view of its buffer for one launch (as
+    :func:`launch_views`)."""
+    if not maps:
+        return []
+    return [(t, v) for (t, _), v in zip(maps, launch_views([v for _, v in maps]), strict=True)]
+
+
+class LaunchGuard:
+    """Finds what a host kernel kept of its :class:`HostLaunch` once it returned.
+
+    Built just before the kernel runs: it counts the references to the launch, its
+    lists, each view and tensor-map pair; :meth:`check` after the kernel compares. A
+    count that grew means the kernel kept the object (or a view derived from it).
+    """
+
+    __slots__ = ("_before", "_handed", "_names")
+
+    def __init__(self, launch: HostLaunch) -> None:
+        maps = launch.tensor_maps
+        self._handed: list[object] = [launch, launch.buffers, maps, *launch.buffers, *maps]
+        self._handed += [view for _, view in maps]
+        self._names = ["the launch", "launch.buffers", "launch.tensor_maps"]
+        self._names += [f"launch.buffers[{i}]" for i in range(len(launch.buffers))]
+        self._names += [f"launch.tensor_maps[{i}]" for i in range(len(maps))] * 2
+        self._before = _counts(self._handed)
+
+    def check(self, kernel_id: str, keep: list[Any]) -> None:
+        """Raise ExecutionError naming what the kernel kept, if anything; then the views
+        turn read-only and ``keep`` (the launch's bindings) lives as long as any kept
+        view, so that their memory is not handed to another buffer meanwhile."""
+        handed, after = self._handed, _counts(self._handed)  # counted as before
+        kept = [n for n, a, b in zip(self._names, after, self._before, strict=True) if a > b]
+        if not kept:
+            return
+        keep = list(keep)  # the caller clears its own list
+        for obj in handed:
+            if isinstance(obj, np.ndarray):
+                obj.flags.writeable = False
+                weakref.finalize(obj, _hold, keep).atexit = False
+        raise ExecutionError(
+            f"kernel {kernel_id!r} kept {', '.join(dict.fromkeys(kept))} (or a view "
+            "derived from it) after it returned; a host kernel's views are valid only "
+            "during its launch, their memory is reused for later buffers: copy what must "
+            "outlive it (np.copy), or read the buffer with client.read_array after the "
+            "launch. Its buffers stay reserved until the kept views are gone"
+        )
+
+
+def _counts(objects: list[object]) -> list[int]:
+    """The reference count of each object (counted the same way before and after)."""
+    return [_getrefcount(o) for o in objects]
+
+
+def _hold(keep: list[Any]) -> None:
+    """A finalizer's callback: its argument (the bindings) lived until now."""
 
 
 class Kernel:

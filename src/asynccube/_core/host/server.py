@@ -22,10 +22,11 @@ from ..bindings import Bindings, CubeCount
 from ..errors import DLPackError, InvalidArgument, InvalidHandle, ProfileError
 from ..held import HeldErrors
 from ..interop_wait import spin_until
-from ..kernel import HostLaunch, Kernel
+from ..kernel import HostLaunch, Kernel, LaunchGuard, launch_maps, launch_views
 from ..launch_limits import HOST_LIMITS, check_launch
 from ..logging import ServerLogger
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
+from ..memory.config import with_host_limit
 from ..memory.slice import SliceHandle
 from ..memory.storage import BytesStorage
 from ..memory.table import SliceTable
@@ -83,7 +84,7 @@ class HostServer(SliceServer[_Bound]):
     ) -> None:
         self._table: SliceTable[_Bound] = SliceTable()
         self._memory: MemoryManagement[View] = MemoryManagement(
-            BytesStorage(), memory, owner_id=self._table.queue.owner_id
+            BytesStorage(), with_host_limit(memory), owner_id=self._table.queue.owner_id
         )
         self._backend = HostBackend()
         self._streams: MultiStream[HostStream, threading.Event] = MultiStream(
@@ -261,8 +262,14 @@ class HostServer(SliceServer[_Bound]):
                 dims = read_count(count_view)
                 if checked:
                     check_launch(kernel.id, "host", dims, HOST_LIMITS, kernel.cuda)
-            fn(HostLaunch(views, scalars, metadata, dims, maps))
-            used.clear()
+            handed = launch_views(views) if views else []
+            launch = HostLaunch(handed, scalars, metadata, dims, launch_maps(maps))
+            guard = LaunchGuard(launch)  # views kept past the launch fail it (kernel.py)
+            fn(launch)
+            try:
+                guard.check(kernel.id, used)
+            finally:
+                used.clear()
 
         recorder = self.recorder
         if recorder.enabled:
