@@ -117,36 +117,50 @@ def launch_maps(
 class LaunchGuard:
     """Finds what a host kernel kept of its :class:`HostLaunch` once it returned.
 
-    Built just before the kernel runs: it counts the references to the launch, its
-    lists, each view and tensor-map pair; :meth:`check` after the kernel compares. A
-    count that grew means the kernel kept the object (or a view derived from it).
+    :meth:`arm`, just before the kernel runs, counts the references to the launch, its
+    lists, each view and tensor-map pair; :meth:`check`, after it, counts them again the
+    same way. A count that grew means the kernel kept the object (or a view derived from
+    it: numpy makes each of these views the base of what is derived from it).
     """
 
-    __slots__ = ("_before", "_handed", "_names")
+    __slots__ = ("_before", "_handed")
 
     def __init__(self, launch: HostLaunch) -> None:
         maps = launch.tensor_maps
-        self._handed: list[object] = [launch, launch.buffers, maps, *launch.buffers, *maps]
-        self._handed += [view for _, view in maps]
-        self._names = ["the launch", "launch.buffers", "launch.tensor_maps"]
-        self._names += [f"launch.buffers[{i}]" for i in range(len(launch.buffers))]
-        self._names += [f"launch.tensor_maps[{i}]" for i in range(len(maps))] * 2
-        self._before = _counts(self._handed)
+        if maps:
+            self._handed = [launch, launch.buffers, maps, *launch.buffers, *maps]
+            self._handed += [view for _, view in maps]
+        else:
+            self._handed = [launch, launch.buffers, maps, *launch.buffers]
+        self._before: list[int] = []
 
-    def check(self, kernel_id: str, keep: list[Any]) -> None:
-        """Raise ExecutionError naming what the kernel kept, if anything; then the views
-        turn read-only and ``keep`` (the launch's bindings) lives as long as any kept
-        view, so that their memory is not handed to another buffer meanwhile."""
-        handed, after = self._handed, _counts(self._handed)  # counted as before
-        kept = [n for n, a, b in zip(self._names, after, self._before, strict=True) if a > b]
+    def arm(self) -> None:
+        """Count the references now, just before the kernel runs (a call of its own, so
+        that no argument of the constructor's is counted)."""
+        self._before = list(map(_getrefcount, self._handed))
+
+    def check(self, kernel_id: str, keep: list[Any]) -> ExecutionError | None:
+        """The ExecutionError naming what the kernel kept, if anything (for the caller to
+        raise once it holds no view); then the views are read-only and ``keep`` (the
+        launch's bindings) lives as long as any kept view, so that their memory is not
+        handed to another buffer meanwhile. Either way the guard lets go of the views."""
+        handed, after = self._handed, list(map(_getrefcount, self._handed))  # as in arm()
+        self._handed = []
+        if after == self._before:
+            return None
+        kept = [
+            _name(handed, i)
+            for i, (a, b) in enumerate(zip(after, self._before, strict=True))
+            if a > b
+        ]
         if not kept:
-            return
+            return None
         keep = list(keep)  # the caller clears its own list
         for obj in handed:
             if isinstance(obj, np.ndarray):
                 obj.flags.writeable = False
                 weakref.finalize(obj, _hold, keep).atexit = False
-        raise ExecutionError(
+        return ExecutionError(
             f"kernel {kernel_id!r} kept {', '.join(dict.fromkeys(kept))} (or a view "
             "derived from it) after it returned; a host kernel's views are valid only "
             "during its launch, their memory is reused for later buffers: copy what must "
@@ -155,9 +169,14 @@ class LaunchGuard:
         )
 
 
-def _counts(objects: list[object]) -> list[int]:
-    """The reference count of each object (counted the same way before and after)."""
-    return [_getrefcount(o) for o in objects]
+def _name(handed: list[Any], index: int) -> str:
+    """How the kernel saw ``handed[index]`` (the order of :class:`LaunchGuard`)."""
+    if index < 3:
+        return ("the launch", "launch.buffers", "launch.tensor_maps")[index]
+    buffers = len(handed[1])
+    if index < 3 + buffers:
+        return f"launch.buffers[{index - 3}]"
+    return f"launch.tensor_maps[{(index - 3 - buffers) % len(handed[2])}]"
 
 
 def _hold(keep: list[Any]) -> None:

@@ -265,11 +265,13 @@ class HostServer(SliceServer[_Bound]):
             handed = launch_views(views) if views else []
             launch = HostLaunch(handed, scalars, metadata, dims, launch_maps(maps))
             guard = LaunchGuard(launch)  # views kept past the launch fail it (kernel.py)
+            guard.arm()
             fn(launch)
-            try:
-                guard.check(kernel.id, used)
-            finally:
-                used.clear()
+            kept = guard.check(kernel.id, used)
+            used.clear()
+            if kept is not None:
+                launch = handed = None  # type: ignore[assignment]  # no frame holds a view
+                raise kept
 
         recorder = self.recorder
         if recorder.enabled:
