@@ -67,6 +67,35 @@ async def test_a_kept_view_fails_the_launch_and_corrupts_nothing(
     assert (await c.memory_usage()).bytes_in_use == 0
 
 
+async def test_a_view_kept_by_a_failing_kernel_corrupts_nothing(
+    host_client: ac.ComputeClient,
+) -> None:
+    c = host_client
+    kept: list[Any] = []
+
+    def host(launch: ac.HostLaunch) -> None:
+        kept.append(launch.buffers[0].view(np.float32))
+        raise RuntimeError("boom")
+
+    h = c.empty(4 * N)
+    c.execute(ac.Kernel("test_keeps_and_fails", host=host), ONE, ac.Bindings().with_buffers([h]))
+    with pytest.raises(ac.ExecutionError, match="boom"):
+        await c.sync()  # the kernel's own error; its buffer stays reserved
+    del h
+    gc.collect()  # the error and its traceback gone: only the kept view holds the buffer
+    await c.sync()
+    later = [c.create(np.full(N, 7.0, np.float32)) for _ in range(8)]
+    await c.sync()
+    kept[0][:] = 99.0
+    for handle in later:
+        np.testing.assert_array_equal(await c.read_array(handle, np.float32), 7.0)
+    del later, handle
+    kept.clear()
+    gc.collect()  # the failed kernel's traceback is in a cycle with its error (point 11)
+    await c.sync()
+    assert (await c.memory_usage()).bytes_in_use == 0
+
+
 async def test_a_kernel_that_keeps_nothing_is_not_flagged(host_client: ac.ComputeClient) -> None:
     seen: list[float] = []
 

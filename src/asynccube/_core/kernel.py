@@ -155,11 +155,7 @@ class LaunchGuard:
         ]
         if not kept:
             return None
-        keep = list(keep)  # the caller clears its own list
-        for obj in handed:
-            if isinstance(obj, np.ndarray):
-                obj.flags.writeable = False
-                weakref.finalize(obj, _hold, keep).atexit = False
+        _reserve(handed, keep, read_only=True)
         return ExecutionError(
             f"kernel {kernel_id!r} kept {', '.join(dict.fromkeys(kept))} (or a view "
             "derived from it) after it returned; a host kernel's views are valid only "
@@ -167,6 +163,22 @@ class LaunchGuard:
             "outlive it (np.copy), or read the buffer with client.read_array after the "
             "launch. Its buffers stay reserved until the kept views are gone"
         )
+
+    def failed(self, keep: list[Any]) -> None:
+        """The kernel raised: its traceback may hold views, and so may the kernel, so
+        ``keep`` (the launch's bindings) lives as long as any of them does."""
+        handed, self._handed = self._handed, []
+        _reserve(handed, keep, read_only=False)
+
+
+def _reserve(handed: list[Any], keep: list[Any], *, read_only: bool) -> None:
+    """Keep (a copy of) ``keep`` alive as long as any view in ``handed`` is."""
+    keep = list(keep)  # the caller clears its own list
+    for obj in handed:
+        if isinstance(obj, np.ndarray):
+            if read_only:
+                obj.flags.writeable = False
+            weakref.finalize(obj, _hold, keep).atexit = False
 
 
 def _name(handed: list[Any], index: int) -> str:

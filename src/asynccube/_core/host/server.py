@@ -266,11 +266,16 @@ class HostServer(SliceServer[_Bound]):
             launch = HostLaunch(handed, scalars, metadata, dims, launch_maps(maps))
             guard = LaunchGuard(launch)  # views kept past the launch fail it (kernel.py)
             guard.arm()
-            fn(launch)
+            try:
+                fn(launch)
+            except BaseException:
+                guard.failed(used)  # what it may have kept still reserves its buffers
+                used.clear()
+                raise
             kept = guard.check(kernel.id, used)
             used.clear()
             if kept is not None:
-                launch = handed = None  # type: ignore[assignment]  # no frame holds a view
+                del launch, handed  # the error's traceback holds this frame: no view in it
                 raise kept
 
         recorder = self.recorder
