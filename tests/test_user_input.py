@@ -129,6 +129,11 @@ async def test_empty_array_refuses_what_is_not_plain_fixed_size_data(
     for dtype in (object, np.dtype([("a", np.int32), ("b", object)]), "U"):
         with pytest.raises(ac.InvalidArgument, match=r"empty_array: dtype=.* not plain fixed-size"):
             client.empty_array((4,), dtype)
+    for dtype in ("U3", "S8", "V8", np.dtype([("a", np.int32)]), "datetime64[s]"):
+        with pytest.raises(
+            ac.InvalidArgument, match=r"empty_array: dtype=.* not a numeric or bool"
+        ):
+            client.empty_array((4,), dtype)
     t = client.empty_array((4,), np.bool_)  # plain data is fine
     assert t.dtype == np.bool_ and t.nbytes_spanned() == 4
     del t

@@ -172,6 +172,18 @@ def _dtype(name: str, value: npt.DTypeLike) -> np.dtype[Any]:
     return dt
 
 
+def _numeric_dtype(name: str, value: npt.DTypeLike) -> np.dtype[Any]:
+    """``value`` as a numeric or bool numpy dtype (what a kernel and DLPack take), or
+    InvalidArgument naming it (strings, structured, datetimes and objects are refused)."""
+    dt = _dtype(name, value)
+    if dt.kind not in "biufc":
+        raise InvalidArgument(
+            f"{name}={dt} is not a numeric or bool dtype; use one such as np.float32, "
+            "np.int64 or np.bool_ (create_array copies an array of any plain dtype)"
+        )
+    return dt
+
+
 def _dims(name: str, shape: Sequence[int]) -> tuple[int, ...]:
     """``shape`` as a tuple of ints >= 0 (numpy integers accepted), or InvalidArgument."""
     try:
