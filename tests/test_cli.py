@@ -54,6 +54,10 @@ def test_the_demo_fails_on_a_mismatch(
         (["--elements", "-5"], "argument --elements: must be an integer >= 1"),
         (["--elements", "many"], "argument --elements: must be an integer >= 1"),
         (["--device", "foo"], "argument --device: unknown device 'foo'"),
+        (["--device", "host:1"], "argument --device: unknown device 'host:1'"),
+        (["--elements", "10000000000"], "--elements must be at most 268,435,456"),
+        (["--tasks", "100000000"], "--tasks must be at most 100,000, got 100,000,000"),
+        (["--tasks", "100000", "--elements", "268435456"], "of memory at once"),
     ],
 )
 def test_bad_demo_arguments_get_one_line(

@@ -57,10 +57,9 @@ async def test_offsets_beyond_buffer(host_client: ac.ComputeClient) -> None:
 
 
 @pytest.mark.parametrize("size", [-1, -(2**40)])
-async def test_negative_size_is_buffer_too_big(host_client: ac.ComputeClient, size: int) -> None:
-    with pytest.raises(ac.BufferTooBig) as info:
+async def test_negative_size_is_invalid(host_client: ac.ComputeClient, size: int) -> None:
+    with pytest.raises(ac.InvalidArgument, match=f"size={size} must be >= 0"):
         host_client.empty(size)
-    assert info.value.size == size
     await _still_serves(host_client)
 
 

@@ -182,7 +182,10 @@ def test_set_generates_keys_and_defaults_to_index_zero() -> None:
 
 def test_set_default_by_name_and_bad_references() -> None:
     calls: Counter[str] = Counter()
-    ts = ac.TunableSet(size_key, default="b", tunables=[sleeper(1, calls, "a")])
+    with pytest.raises(ac.InvalidArgument, match="default='b' is not one of its tunables"):
+        ac.TunableSet(size_key, default="b", tunables=[sleeper(1, calls, "a")])
+    ts = ac.TunableSet(size_key, default="b")  # an empty set is filled later (decorator)
+    ts.add(sleeper(1, calls, "a"))
     with pytest.raises(ac.InvalidArgument, match="no tunable named 'b'"):
         _ = ts.default_index
     ts.add(sleeper(2, calls, "b"))

@@ -52,6 +52,17 @@ def _device(text: str) -> str:
     return text
 
 
+def _check_demo(args: argparse.Namespace) -> None:
+    """The demo's bounds (each count, and their memory together), as a parser error."""
+    from ._core.demo import check_demo_args
+    from ._core.errors import InvalidArgument
+
+    try:
+        check_demo_args(args.tasks, args.elements, args.rounds, prefix="--")
+    except InvalidArgument as exc:
+        args.parser.error(str(exc))
+
+
 def _demo(args: argparse.Namespace) -> int:
     from ._core.demo import format_report, run_demo
 
@@ -155,7 +166,7 @@ def _parser() -> argparse.ArgumentParser:
         "--elements", type=_at_least_one, default=1 << 16, help="float32 elements per task"
     )
     demo.add_argument("--rounds", type=_at_least_one, default=4, help="launches per task")
-    demo.set_defaults(run=_demo)
+    demo.set_defaults(run=_demo, parser=demo)
     info = sub.add_parser("info", help="the devices found, and why a GPU is not used")
     info.add_argument("--json", action="store_true", help="print it as JSON")
     info.set_defaults(run=_info)
@@ -171,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ._core.errors import AsyncCubeError
 
     args = _parser().parse_args(argv)
+    if args.command == "demo":
+        _check_demo(args)
     run: Callable[[argparse.Namespace], int] = args.run
     try:
         return run(args)

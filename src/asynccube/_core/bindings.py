@@ -9,9 +9,9 @@ from __future__ import annotations
 import enum
 import math
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -298,12 +298,16 @@ class Bindings:
 
     def with_buffer(self, binding: Binding | Handle) -> Bindings:
         """Add one buffer binding (a Handle stands for its whole binding)."""
-        self.buffers.append(_as_binding(binding))
+        self.buffers.append(_as_binding(binding, "with_buffer: binding"))
         return self
 
     def with_buffers(self, bindings: Iterable[Binding | Handle]) -> Bindings:
         """Add buffer bindings in order (a Handle stands for its whole binding)."""
-        self.buffers.extend(_as_binding(b) for b in bindings)
+        if type(bindings) not in (list, tuple):
+            bindings = _listed("with_buffers", "bindings", bindings, "[a, b]")
+        self.buffers.extend(
+            [_as_binding(b, "with_buffers: bindings", i) for i, b in enumerate(bindings)]
+        )
         return self
 
     def with_scalar(self, ty: npt.DTypeLike, values: npt.ArrayLike) -> Bindings:
@@ -314,18 +318,35 @@ class Bindings:
 
     def with_scalars(self, bindings: Iterable[ScalarBinding]) -> Bindings:
         """Set several scalar groups."""
-        for sb in bindings:
+        for sb in _listed("with_scalars", "bindings", bindings, "[ScalarBinding(...)]"):
+            if not isinstance(sb, ScalarBinding):
+                raise InvalidArgument(
+                    f"with_scalars: bindings must hold ScalarBindings, got {type(sb).__name__}; "
+                    "for plain numbers use with_scalar(dtype, [values])"
+                )
             self.scalars[sb.ty] = sb
         return self
 
     def with_metadata(self, meta: MetadataBinding) -> Bindings:
         """Set the metadata."""
+        if not isinstance(meta, MetadataBinding):
+            raise InvalidArgument(
+                f"with_metadata: meta must be a MetadataBinding, got {type(meta).__name__}; "
+                "e.g. MetadataBinding([shape..., strides...])"
+            )
         self.metadata = meta
         return self
 
     def with_tensor_maps(self, bindings: Iterable[TensorMapBinding]) -> Bindings:
         """Add tensor maps in order."""
-        self.tensor_maps.extend(bindings)
+        maps = _listed("with_tensor_maps", "bindings", bindings, "[TensorMapBinding(...)]")
+        for t in maps:
+            if not isinstance(t, TensorMapBinding):
+                raise InvalidArgument(
+                    f"with_tensor_maps: bindings must hold TensorMapBindings, got "
+                    f"{type(t).__name__}"
+                )
+        self.tensor_maps.extend(maps)
         return self
 
     def ordered_scalars(self) -> list[ScalarBinding]:
@@ -337,12 +358,27 @@ class Bindings:
         return self.buffers + [t.binding for t in self.tensor_maps]
 
 
-def _as_binding(value: object) -> Binding:
+def _as_binding(value: object, name: str = "binding", index: int | None = None) -> Binding:
     if isinstance(value, Binding):
         return value
     if isinstance(value, Handle):
         return value.binding()
-    raise InvalidArgument(f"expected a Binding (or Handle), got {type(value).__name__}")
+    where = name if index is None else f"{name}[{index}]"
+    raise InvalidArgument(
+        f"{where} must be a Handle or Binding, got {type(value).__name__}; "
+        "pass the handle that client.create/empty returned (or tensor.handle)"
+    )
+
+
+def _listed(method: str, name: str, value: object, example: str) -> list[Any]:
+    """``value`` (an iterable of items, not a single item) as a list, or
+    InvalidArgument naming the argument (``with_buffers(None)``, ``with_buffers(h)``)."""
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping):
+        return list(value)
+    raise InvalidArgument(
+        f"{method}: {name} must be a list, got {type(value).__name__}; "
+        f"e.g. Bindings().{method}({example})"
+    )
 
 
 def _is_int(value: object) -> bool:
@@ -370,7 +406,7 @@ class CubeCount:
     def dynamic(cls, binding: Binding | Handle) -> CubeCount:
         """A count read from ``binding`` (a ``uint32`` array ``[x, y, z]``) at launch."""
         out = cls()
-        out.binding = _as_binding(binding)
+        out.binding = _as_binding(binding, "CubeCount.dynamic: binding")
         return out
 
     @property

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .channel import BATCH_SECONDS, State
-from .client_args import _array_layout, _same_as_tensor, _whole
+from .client_args import _array_layout, _dims, _numeric_dtype, _same_as_tensor, _whole
 from .client_core import ClientCore
 from .config import AsyncCubeConfig
 from .errors import InvalidArgument, ProfileError
@@ -164,10 +164,10 @@ class ComputeClient(ClientCore):
         dtype: npt.DTypeLike,
         kind: AllocationKind = AllocationKind.CONTIGUOUS,
     ) -> Tensor:
-        """A new uninitialized tensor of ``shape`` and ``dtype``."""
-        dt = np.dtype(dtype)
-        ((handle, strides),) = self.empty_tensors([tuple(shape)], [dt.itemsize], kind)
-        return Tensor(handle, tuple(shape), strides, dt, self)
+        """A new uninitialized tensor of ``shape`` and ``dtype`` (numeric or bool)."""
+        dt, dims = _numeric_dtype("empty_array: dtype", dtype), _dims("empty_array: shape", shape)
+        ((handle, strides),) = self.empty_tensors([dims], [dt.itemsize], kind)
+        return Tensor(handle, dims, strides, dt, self)
 
     def tensor(
         self,

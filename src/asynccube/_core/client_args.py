@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from .bindings import Bindings, CubeCount
-from .errors import BufferTooBig, InvalidArgument
+from .errors import InvalidArgument
 from .kernel import Kernel
 from .server import BytesLike
 from .tensor import Tensor
@@ -54,7 +54,10 @@ def _same_length(**seqs: Sequence[Any]) -> None:
         raise InvalidArgument(f"these must have the same length: {lengths}")
     for shape in seqs.get("shapes", ()):
         if any(not _is_int(d) or d < 0 for d in shape):
-            raise BufferTooBig(-1, f"shape {tuple(shape)} has a negative or non-int dimension")
+            raise InvalidArgument(
+                f"shape={tuple(shape)!r} must hold ints >= 0 (one per dimension); "
+                "e.g. (rows, cols), with numpy integers accepted"
+            )
     for elem in seqs.get("elem_sizes", ()):
         if not _is_int(elem) or elem <= 0:
             raise InvalidArgument(f"elem_size must be a positive int, got {elem!r}")
@@ -69,6 +72,41 @@ def _items(method: str, name: str, value: Any) -> Sequence[Any]:
         f"{method}: {name} must be a list, got {type(value).__name__}; "
         f"e.g. client.{method}([...]) with one item per {name[:-1]}"
     )
+
+
+_WRITE_FORM: Final = (
+    "client.write([(handle.copy_descriptor(shape, strides, elem_size), data), ...]) "
+    "(a Tensor stands for its own descriptor: client.write([(tensor, array)]))"
+)
+
+
+def _write_items(items: object, extra: tuple[object, ...]) -> Sequence[Any]:
+    """``write``'s one argument as a list of ``(descriptor, data)`` pairs, or
+    InvalidArgument showing the form (``client.write(h, data)``, ``write([desc])``)."""
+    if extra:
+        given = ", ".join(type(v).__name__ for v in (items, *extra))
+        raise InvalidArgument(
+            f"write: takes one argument, a list of (descriptor, data) pairs, but was given "
+            f"{1 + len(extra)} ({given}); write {_WRITE_FORM}"
+        )
+    if not isinstance(items, Sequence) or isinstance(items, str | bytes | bytearray):
+        raise InvalidArgument(
+            f"write: items must be a list of (descriptor, data) pairs, got "
+            f"{type(items).__name__}; write {_WRITE_FORM}"
+        )
+    for i, item in enumerate(items):
+        if type(item) not in (tuple, list) or len(item) != 2:
+            raise InvalidArgument(
+                f"write: items[{i}] must be a (descriptor, data) pair, got "
+                f"{type(item).__name__}; write {_WRITE_FORM}"
+            )
+        if isinstance(item[0], Handle | Binding):
+            raise InvalidArgument(
+                f"write: items[{i}][0] is a {type(item[0]).__name__}, not a descriptor of "
+                "its layout; for its bytes as they are, "
+                "(handle.copy_descriptor((handle.size,), (1,), 1), data)"
+            )
+    return items
 
 
 def _bad_execute(kernel: object, count: object, bindings: object, mode: object) -> None:
@@ -123,11 +161,25 @@ def _dtype(name: str, value: npt.DTypeLike) -> np.dtype[Any]:
     try:
         dt = np.dtype(value)
     except TypeError as exc:
-        raise InvalidArgument(f"{name}={value!r} is not a numpy dtype") from exc
+        raise InvalidArgument(
+            f"{name}={value!r} is not a numpy dtype; use one such as np.float32 or 'int64'"
+        ) from exc
     if dt.hasobject or dt.itemsize == 0:
         raise InvalidArgument(
-            f"{name}={dt} is not plain fixed-size data (object or flexible dtype); "
-            "use a numeric or fixed-size dtype"
+            f"{name}={dt} is not plain fixed-size data (an object, or a flexible dtype of "
+            "no size); use a numeric or bool dtype such as np.float32"
+        )
+    return dt
+
+
+def _numeric_dtype(name: str, value: npt.DTypeLike) -> np.dtype[Any]:
+    """``value`` as a numeric or bool numpy dtype (what a kernel and DLPack take), or
+    InvalidArgument naming it (strings, structured, datetimes and objects are refused)."""
+    dt = _dtype(name, value)
+    if dt.kind not in "biufc":
+        raise InvalidArgument(
+            f"{name}={dt} is not a numeric or bool dtype; use one such as np.float32, "
+            "np.int64 or np.bool_ (create_array copies an array of any plain dtype)"
         )
     return dt
 
@@ -139,7 +191,10 @@ def _dims(name: str, shape: Sequence[int]) -> tuple[int, ...]:
     except TypeError as exc:
         raise InvalidArgument(f"{name}={shape!r} must be a sequence of ints") from exc
     if not all(_is_int(d) and d >= 0 for d in dims):
-        raise InvalidArgument(f"{name}={shape!r} must hold ints >= 0")
+        raise InvalidArgument(
+            f"{name}={shape!r} must hold ints >= 0, one per dimension (numpy integers "
+            "accepted); e.g. (rows, cols)"
+        )
     return tuple(int(d) for d in dims)
 
 

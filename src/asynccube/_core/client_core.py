@@ -49,6 +49,7 @@ from .client_args import (
     _is_int,
     _items,
     _whole,
+    _write_items,
 )
 from .client_memory import MemoryOps
 from .errors import InvalidArgument
@@ -230,13 +231,12 @@ class ClientCore(MemoryOps):
 
     # -- data movement ------------------------------------------------------------------
 
-    def write(self, items: Sequence[tuple[CopyDescriptor, DataLike]]) -> None:
-        """Write dense data into each (possibly strided) tensor, in stream order (the
-        data is snapshotted or borrowed as for :meth:`create`)."""
+    def write(self, items: Sequence[tuple[CopyDescriptor, DataLike]], *extra: object) -> None:
+        """Write dense data into each (possibly strided) tensor, in stream order:
+        ``client.write([(descriptor, data), ...])`` (one list; ``extra`` is refused). The
+        data is snapshotted or borrowed as for :meth:`create`."""
         self._channel.check()
-        copies = [
-            (_descriptor(d), self._snapshot(data)) for d, data in _items("write", "items", items)
-        ]
+        copies = [(_descriptor(d), self._snapshot(data)) for d, data in _write_items(items, extra)]
         self._channel.send(self._write, StreamId.current(), copies)
 
     def _write(self, stream: StreamId, copies: list[tuple[CopyDescriptor, Any]]) -> Any:

@@ -13,7 +13,8 @@ from typing import Any
 from .channel import Channel
 from .client_args import DataLike, _is_int, _same_length
 from .errors import BufferTooBig, InvalidArgument
-from .server import ComputeServer
+from .html import fmt_bytes
+from .server import ComputeServer, DeviceProperties
 from .stream_id import StreamId
 from .tensor import as_bytes
 from .types import (
@@ -36,7 +37,7 @@ class MemoryOps:
     _channel: Channel
     _server: ComputeServer
 
-    def write(self, items: Sequence[tuple[CopyDescriptor, DataLike]]) -> None:
+    def write(self, items: Sequence[tuple[CopyDescriptor, DataLike]], *extra: object) -> None:
         """Write dense data into each tensor (the client's)."""
         raise NotImplementedError
 
@@ -88,15 +89,15 @@ class MemoryOps:
 
     def _mint(self, size: int, stream: StreamId | None = None) -> Handle:
         if not _is_int(size):
-            raise InvalidArgument(f"size must be an int, got {type(size).__name__}")
+            raise InvalidArgument(
+                f"size={size!r} must be an int (a size in bytes), got {type(size).__name__}"
+            )
         size = int(size)  # numpy integers are ordinary ints
         limit = self._server.properties.max_allocation
         if size < 0:
-            raise BufferTooBig(size, "sizes must be >= 0")
+            raise InvalidArgument(f"size={size} must be >= 0 (a size in bytes)")
         if size > limit:
-            raise BufferTooBig(
-                size, f"the largest allocation on {self._server.device} is {limit} bytes"
-            )
+            raise BufferTooBig(size, _too_big(self._server.properties, limit))
         return self._server.new_handle(size, stream if stream is not None else StreamId.current())
 
     # -- memory -------------------------------------------------------------------------
@@ -128,3 +129,14 @@ class MemoryOps:
     def _request(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         channel = self._channel
         return channel.request(channel.await_completion, StreamId.current(), fn, *args)
+
+
+def _too_big(properties: DeviceProperties, limit: int) -> str:
+    """Why a size above ``limit`` is refused, and what to do."""
+    where = f"the largest allocation on {properties.name} is {limit} bytes ({fmt_bytes(limit)})"
+    if properties.kind == "host":
+        where += (
+            ": the machine's physical memory, unless [memory] host_limit_bytes "
+            "(ASYNCCUBE_MEMORY_HOST_LIMIT_BYTES) sets another limit"
+        )
+    return f"{where}; allocate less, or split the data into several buffers"

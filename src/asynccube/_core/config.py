@@ -28,6 +28,7 @@ Example ``asynccube.toml`` (every key shown with its default)::
     [memory]
     pool = "default"          # "default" | "exclusive"
     persistent_memory = "enabled"   # "enabled" | "disabled" | "enforced"
+    host_limit_bytes = 0      # host server's largest allocation; 0: physical memory
     logging = "disabled"      # "disabled" | "basic" | "full"
 
     [autotune]

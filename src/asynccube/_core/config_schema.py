@@ -239,6 +239,9 @@ class MemoryConfig:
     Attributes:
         pool: Pool preset.
         persistent_memory: Persistent pool policy.
+        host_limit_bytes: The host server's largest single allocation, in bytes; a
+            larger request raises ``BufferTooBig`` at the call. ``0`` (the default):
+            the machine's physical memory.
         logging: Level of ``asynccube.memory`` (disabled, basic, full).
     """
 
@@ -246,6 +249,7 @@ class MemoryConfig:
     persistent_memory: PersistentMemory = field(
         default=PersistentMemory.ENABLED, metadata=_meta(_choice(tuple(PersistentMemory)))
     )
+    host_limit_bytes: int = field(default=0, metadata=_meta(_int_range(0, 2**62)))
     logging: LogLevel = field(default=LogLevel.DISABLED, metadata=_meta(_levels(*_BASIC_FULL)))
 
 

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Final, cast
 
 import numpy as np
 
@@ -13,11 +14,22 @@ from .bindings import Bindings, CubeCount
 from .client import ComputeClient
 from .devices import parse_device, probe_gpus
 from .errors import InvalidArgument
+from .html import fmt_bytes
 from .kernel import CudaSource, HostLaunch, Kernel
+from .memory.config import physical_memory
 from .open import open_client
 from .progress import Progress, open_progress
 
-__all__ = ["DemoReport", "check_demo_args", "format_report", "run_demo"]
+__all__ = [
+    "MAX_ELEMENTS",
+    "MAX_LAUNCHES",
+    "MAX_ROUNDS",
+    "MAX_TASKS",
+    "DemoReport",
+    "check_demo_args",
+    "format_report",
+    "run_demo",
+]
 
 _BLOCK = 256
 
@@ -79,11 +91,53 @@ class DemoReport:
         return self.compared > 0 and self.matched == self.compared
 
 
-def check_demo_args(tasks: object, elements: object, rounds: object) -> None:
-    """Raise InvalidArgument naming the first argument that is not an int >= 1."""
-    for name, value in (("tasks", tasks), ("elements", elements), ("rounds", rounds)):
+MAX_TASKS: Final = 100_000
+"""Most concurrent tasks the demo runs."""
+MAX_ELEMENTS: Final = 1 << 28
+"""Most float32 elements per task (1 GiB per array)."""
+MAX_ROUNDS: Final = 10_000
+"""Most chained launches per task."""
+MAX_LAUNCHES: Final = 10_000_000
+"""Most launches in all (tasks times rounds)."""
+BYTES_PER_ELEMENT: Final = 40
+"""Memory one element of one task needs at once: ten float32 arrays (x, y, the expected
+result, a temporary and the result read back on the host; x, y and two results on the
+device)."""
+
+
+def check_demo_args(tasks: object, elements: object, rounds: object, *, prefix: str = "") -> None:
+    """Raise InvalidArgument naming the first argument that is not an int >= 1, is
+    above its bound, or asks for more than half the machine's memory (``prefix``: how
+    the names are written, ``"--"`` on the command line)."""
+    bounds = (("tasks", tasks, MAX_TASKS), ("elements", elements, MAX_ELEMENTS),
+              ("rounds", rounds, MAX_ROUNDS))  # fmt: skip
+    for name, value, most in bounds:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InvalidArgument(f"{name} must be an integer >= 1, got {value!r}")
+            raise InvalidArgument(f"{prefix}{name} must be an integer >= 1, got {value!r}")
+        if value > most:
+            raise InvalidArgument(
+                f"{prefix}{name} must be at most {most:,}, got {value:,}; give a smaller value"
+            )
+    n_tasks, n_rounds = cast(int, tasks), cast(int, rounds)
+    if n_tasks * n_rounds > MAX_LAUNCHES:
+        raise InvalidArgument(
+            f"{prefix}tasks {n_tasks:,} x {prefix}rounds {n_rounds:,} is "
+            f"{n_tasks * n_rounds:,} launches, over the demo's {MAX_LAUNCHES:,}; lower "
+            f"{prefix}tasks or {prefix}rounds"
+        )
+    _check_demo_memory(n_tasks, cast(int, elements), prefix)
+
+
+def _check_demo_memory(tasks: int, elements: int, prefix: str) -> None:
+    memory = physical_memory()
+    need = tasks * elements * BYTES_PER_ELEMENT
+    if memory is not None and need > memory // 2:
+        raise InvalidArgument(
+            f"{prefix}tasks {tasks:,} x {prefix}elements {elements:,} needs about "
+            f"{fmt_bytes(need)} of memory at once ({BYTES_PER_ELEMENT} bytes per element "
+            f"per task), over half of this machine's {fmt_bytes(memory)}; lower "
+            f"{prefix}tasks or {prefix}elements"
+        )
 
 
 async def _task(client: ComputeClient, seed: int, n: int, rounds: int) -> bool:

@@ -39,8 +39,17 @@ def parse_device(device: str) -> tuple[str, int]:
     """``"cuda:1"`` -> ("cuda", 1); ``"host"`` -> ("host", 0)."""
     match = _DEVICE.match(device.strip().lower()) if isinstance(device, str) else None
     if match is None:
-        raise InvalidArgument(f"unknown device {device!r}; use 'host', 'cuda' or 'cuda:N'")
-    return match.group(1), int(match.group(2) or 0)
+        raise InvalidArgument(
+            f"unknown device {device!r}; use 'host', 'cuda' or 'cuda:N' "
+            "(`python -m asynccube info` lists the devices found)"
+        )
+    kind, index = match.group(1), int(match.group(2) or 0)
+    if kind == "host" and index != 0:
+        raise InvalidArgument(
+            f"unknown device {device!r}: there is one host device, 'host' (or 'host:0'); "
+            "use 'host', or 'cuda:N' for GPU N"
+        )
+    return kind, index
 
 
 def probe_gpus() -> GpuProbe:

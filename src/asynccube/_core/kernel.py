@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any, Final, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
 
 from .bindings import TensorMapBinding
-from .errors import InvalidArgument, KernelNotSupported
+from .errors import ExecutionError, InvalidArgument, KernelNotSupported
 
-__all__ = ["CudaSource", "HostLaunch", "Kernel"]
+__all__ = ["CudaSource", "HostLaunch", "Kernel", "LaunchGuard", "launch_maps", "launch_views"]
 
 S = TypeVar("S", bound=np.generic)
 
@@ -46,6 +48,13 @@ class CudaSource:
 class HostLaunch:
     """What a host kernel function receives.
 
+    Its views are valid only while the kernel runs: the memory is reused for later
+    buffers once the launch is done. A kernel that keeps one (``launch.buffers[0]``, a
+    view derived from it, or the launch itself) past its return fails the launch with
+    :class:`~asynccube.ExecutionError` naming it; the views it was given turn read-only,
+    and the buffers stay reserved until every kept view is gone, so no later buffer
+    shares their memory. Copy what must outlive the launch (``np.copy``).
+
     Attributes:
         buffers: A writable ``uint8`` numpy view of each buffer binding (offsets applied).
         scalars: Scalars by numpy dtype (one array per dtype present).
@@ -78,6 +87,112 @@ class HostLaunch:
 
 
 HostFn = Callable[[HostLaunch], None]
+
+_View = npt.NDArray[np.uint8]
+_frombuffer = np.frombuffer
+_getrefcount = sys.getrefcount
+_U8: Final = np.dtype(np.uint8)
+
+
+def launch_views(views: list[_View]) -> list[_View]:
+    """A new ``uint8`` view of each of ``views`` for one launch.
+
+    Each is built over a memoryview, so that numpy makes it the base of every view
+    derived from it (``b.view(np.float32)``, ``b[4:]``): whatever the kernel keeps of
+    it then holds a reference to it, which :class:`LaunchGuard` counts.
+    """
+    return [_frombuffer(memoryview(v), _U8) for v in views]  # type: ignore[arg-type]
+
+
+def launch_maps(
+    maps: list[tuple[TensorMapBinding, _View]],
+) -> list[tuple[TensorMapBinding, _View]]:
+    """Each tensor map with a new view of its buffer for one launch (as
+    :func:`launch_views`)."""
+    if not maps:
+        return []
+    return [(t, v) for (t, _), v in zip(maps, launch_views([v for _, v in maps]), strict=True)]
+
+
+class LaunchGuard:
+    """Finds what a host kernel kept of its :class:`HostLaunch` once it returned.
+
+    :meth:`arm`, just before the kernel runs, counts the references to the launch, its
+    lists, each view and tensor-map pair; :meth:`check`, after it, counts them again the
+    same way. A count that grew means the kernel kept the object (or a view derived from
+    it: numpy makes each of these views the base of what is derived from it).
+    """
+
+    __slots__ = ("_before", "_handed")
+
+    def __init__(self, launch: HostLaunch) -> None:
+        maps = launch.tensor_maps
+        if maps:
+            self._handed = [launch, launch.buffers, maps, *launch.buffers, *maps]
+            self._handed += [view for _, view in maps]
+        else:
+            self._handed = [launch, launch.buffers, maps, *launch.buffers]
+        self._before: list[int] = []
+
+    def arm(self) -> None:
+        """Count the references now, just before the kernel runs (a call of its own, so
+        that no argument of the constructor's is counted)."""
+        self._before = list(map(_getrefcount, self._handed))
+
+    def check(self, kernel_id: str, keep: list[Any]) -> ExecutionError | None:
+        """The ExecutionError naming what the kernel kept, if anything (for the caller to
+        raise once it holds no view); then the views are read-only and ``keep`` (the
+        launch's bindings) lives as long as any kept view, so that their memory is not
+        handed to another buffer meanwhile. Either way the guard lets go of the views."""
+        handed, after = self._handed, list(map(_getrefcount, self._handed))  # as in arm()
+        self._handed = []
+        if after == self._before:
+            return None
+        kept = [
+            _name(handed, i)
+            for i, (a, b) in enumerate(zip(after, self._before, strict=True))
+            if a > b
+        ]
+        if not kept:
+            return None
+        _reserve(handed, keep, read_only=True)
+        return ExecutionError(
+            f"kernel {kernel_id!r} kept {', '.join(dict.fromkeys(kept))} (or a view "
+            "derived from it) after it returned; a host kernel's views are valid only "
+            "during its launch, their memory is reused for later buffers: copy what must "
+            "outlive it (np.copy), or read the buffer with client.read_array after the "
+            "launch. Its buffers stay reserved until the kept views are gone"
+        )
+
+    def failed(self, keep: list[Any]) -> None:
+        """The kernel raised: its traceback may hold views, and so may the kernel, so
+        ``keep`` (the launch's bindings) lives as long as any of them does."""
+        handed, self._handed = self._handed, []
+        _reserve(handed, keep, read_only=False)
+
+
+def _reserve(handed: list[Any], keep: list[Any], *, read_only: bool) -> None:
+    """Keep (a copy of) ``keep`` alive as long as any view in ``handed`` is."""
+    keep = list(keep)  # the caller clears its own list
+    for obj in handed:
+        if isinstance(obj, np.ndarray):
+            if read_only:
+                obj.flags.writeable = False
+            weakref.finalize(obj, _hold, keep).atexit = False
+
+
+def _name(handed: list[Any], index: int) -> str:
+    """How the kernel saw ``handed[index]`` (the order of :class:`LaunchGuard`)."""
+    if index < 3:
+        return ("the launch", "launch.buffers", "launch.tensor_maps")[index]
+    buffers = len(handed[1])
+    if index < 3 + buffers:
+        return f"launch.buffers[{index - 3}]"
+    return f"launch.tensor_maps[{(index - 3 - buffers) % len(handed[2])}]"
+
+
+def _hold(keep: list[Any]) -> None:
+    """A finalizer's callback: its argument (the bindings) lived until now."""
 
 
 class Kernel:

@@ -25,17 +25,21 @@ class Settings:
         """A per-area logger at the configured levels."""
         return ServerLogger.from_config(self.config)
 
-    def pool_layout(self) -> PoolLayout:
-        """The memory pool preset."""
+    def pool_layout(self, max_allocation: int | None = None) -> PoolLayout:
+        """The memory pool preset (``max_allocation``: None for the storage's limit)."""
         if self.config.memory.pool is PoolPreset.EXCLUSIVE:
-            return PoolLayout.exclusive_pages()
-        return PoolLayout.default()
+            return PoolLayout.exclusive_pages(max_allocation=max_allocation)
+        return PoolLayout.default(max_allocation=max_allocation)
+
+    def host_limit(self) -> int | None:
+        """``[memory] host_limit_bytes``, or None for the machine's physical memory."""
+        return self.config.memory.host_limit_bytes or None
 
     def host_server_options(self) -> dict[str, Any]:
         """Keyword arguments for ``HostServer``."""
         return {
             "max_streams": min(self.config.streaming.max_streams, host_workers()),
-            "memory": self.pool_layout(),
+            "memory": self.pool_layout(self.host_limit()),
             "logger": self.logger(),
             "recorder": KernelRecorder.from_config(self.config.profiling),
         }

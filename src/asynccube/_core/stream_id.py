@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -21,6 +22,8 @@ from .errors import InvalidArgument
 
 __all__ = ["StreamId", "current_task", "set_task_finder"]
 
+MAX_STREAM_ID: Final = 2**63 - 1
+"""The largest stream id: ids are non-negative and fit a signed 64-bit integer."""
 _counter = itertools.count(1)
 _owned: ContextVar[tuple[weakref.ReferenceType[object] | int, StreamId] | None] = ContextVar(
     "asynccube_stream_owned", default=None
@@ -102,6 +105,12 @@ class StreamId:
         else:
             raise InvalidArgument(
                 f"StreamId.pinned(stream): stream must be a StreamId or an int, got {stream!r}"
+            )
+        if not (type(sid.value) is int and 0 <= sid.value <= MAX_STREAM_ID):
+            raise InvalidArgument(
+                f"StreamId.pinned(stream): stream must be in [0, 2**63 - 1], got {sid.value!r}; "
+                "pick a small non-negative number (streams share max_streams device "
+                "streams by id modulo max_streams)"
             )
         token = _pinned.set(sid)
         try:

@@ -22,10 +22,11 @@ from ..bindings import Bindings, CubeCount
 from ..errors import DLPackError, InvalidArgument, InvalidHandle, ProfileError
 from ..held import HeldErrors
 from ..interop_wait import spin_until
-from ..kernel import HostLaunch, Kernel
+from ..kernel import HostLaunch, Kernel, LaunchGuard, launch_maps, launch_views
 from ..launch_limits import HOST_LIMITS, check_launch
 from ..logging import ServerLogger
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
+from ..memory.config import with_host_limit
 from ..memory.slice import SliceHandle
 from ..memory.storage import BytesStorage
 from ..memory.table import SliceTable
@@ -84,7 +85,7 @@ class HostServer(SliceServer[_Bound]):
     ) -> None:
         self._table: SliceTable[_Bound] = SliceTable()
         self._memory: MemoryManagement[View] = MemoryManagement(
-            BytesStorage(), memory, owner_id=self._table.queue.owner_id
+            BytesStorage(), with_host_limit(memory), owner_id=self._table.queue.owner_id
         )
         self._backend = HostBackend()
         self._streams: MultiStream[HostStream, threading.Event] = MultiStream(
@@ -299,8 +300,21 @@ class HostServer(SliceServer[_Bound]):
                 dims = read_count(count_view)
                 if checked:
                     check_launch(kernel.id, "host", dims, HOST_LIMITS, kernel.cuda)
-            fn(HostLaunch(views, scalars, metadata, dims, maps))
+            handed = launch_views(views) if views else []
+            launch = HostLaunch(handed, scalars, metadata, dims, launch_maps(maps))
+            guard = LaunchGuard(launch)  # views kept past the launch fail it (kernel.py)
+            guard.arm()
+            try:
+                fn(launch)
+            except BaseException:
+                guard.failed(used)  # what it may have kept still reserves its buffers
+                used.clear()
+                raise
+            kept = guard.check(kernel.id, used)
             used.clear()
+            if kept is not None:
+                del launch, handed  # the error's traceback holds this frame: no view in it
+                raise kept
 
         recorder = self.recorder
         if recorder.enabled:

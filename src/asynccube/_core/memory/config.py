@@ -9,6 +9,8 @@ is built, so one config serves the host (64-byte) and CUDA (512-byte) storages a
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -20,6 +22,8 @@ __all__ = [
     "MemoryConfig",
     "PoolOptions",
     "SlicedPages",
+    "physical_memory",
+    "with_host_limit",
 ]
 
 KiB: Final = 1024
@@ -28,6 +32,39 @@ GiB: Final = 1024 * MiB
 
 DEFAULT_MAX_ALLOCATION: Final = 2**40
 """Largest single allocation when neither the config nor the storage says less (1 TiB)."""
+
+
+def physical_memory() -> int | None:
+    """The machine's physical memory in bytes (``sysconf``, else ``/proc/meminfo``), or
+    None where neither says."""
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows), or no such name
+        pages = page_size = -1
+    if pages > 0 and page_size > 0:
+        return int(pages * page_size)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * KiB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def with_host_limit(config: MemoryConfig | None) -> MemoryConfig:
+    """``config`` (default preset if None) with the host server's largest allocation:
+    its own ``max_allocation`` if set, else the machine's physical memory (so a request
+    no machine here can serve is refused at the call, not when it runs)."""
+    config = MemoryConfig.default() if config is None else config
+    if config.max_allocation is not None:
+        return config
+    memory = physical_memory()
+    if memory is None:
+        return config
+    return dataclasses.replace(config, max_allocation=min(memory, DEFAULT_MAX_ALLOCATION))
+
 
 DEFAULT_CACHE_RATIO: Final = 0.1
 """The default preset's bound on empty pages kept, as a fraction of the other pages."""

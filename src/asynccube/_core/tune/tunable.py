@@ -55,7 +55,14 @@ class Tunable(Generic[In, Out]):
 
     async def __call__(self, client: ComputeClient, inputs: In) -> Out:
         """Run the implementation."""
-        return await self.fn(client, inputs)
+        out = self.fn(client, inputs)
+        if not inspect.isawaitable(out):
+            raise InvalidArgument(
+                f"tunable {self.name!r}: fn returned {type(out).__name__}, not an awaitable; "
+                f"define it as `async def {self.name}(client, inputs)` (tunables queue work "
+                "on the client and are awaited)"
+            )
+        return await out
 
 
 def _name_of(fn: Callable[..., Any]) -> str:
@@ -98,6 +105,10 @@ class TunableSet(Generic[K, In, Out]):
             raise InvalidArgument("TunableSet: inputs= must be a callable (key, inputs) -> ...")
         if not isinstance(version, str):
             raise InvalidArgument(f"TunableSet: version must be a str, got {version!r}")
+        if isinstance(default, bool) or not isinstance(default, int | str):
+            raise InvalidArgument(
+                f"TunableSet: default must be an index or a tunable's name, got {default!r}"
+            )
         self._key = key
         self._inputs = inputs
         self.version = version
@@ -106,6 +117,8 @@ class TunableSet(Generic[K, In, Out]):
         self._checksum: str | None = None
         for t in tunables:
             self.add(t)
+        if self._tunables:  # else the decorator adds them later: checked at first use
+            _ = self.default_index  # raises for a default not among them
 
     def __repr__(self) -> str:
         return f"TunableSet({list(self.names)!r}, version={self.version!r})"
@@ -175,7 +188,13 @@ class TunableSet(Generic[K, In, Out]):
         """The index of the default implementation."""
         if not self._tunables:
             raise InvalidArgument("this TunableSet has no tunables; add() some first")
-        return self.index_of(self._default)
+        try:
+            return self.index_of(self._default)
+        except InvalidArgument as exc:
+            raise InvalidArgument(
+                f"TunableSet: default={self._default!r} is not one of its tunables: {exc}; "
+                "pass the index or name of one of them"
+            ) from None
 
     # -- keys, inputs, checksum -----------------------------------------------------
 
