@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar
 
 from .server import Completion
 
-__all__ = ["CompletionWatcher"]
+__all__ = ["CompletionWatcher", "one_step_later"]
 
 T = TypeVar("T")
 Sink = Callable[[Completion[Any]], None]
@@ -47,6 +47,28 @@ class _Notifying(Protocol):
 
 def _sleep0() -> Awaitable[None]:
     return asyncio.sleep(0)
+
+
+def one_step_later(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[T]) -> asyncio.Future[T]:
+    """A future settled like the settled ``fut``, one loop step from now: awaiting it
+    suspends once, so callbacks queued before it (the wake-ups of tasks cancelled before
+    a sync, whose frames then unwind and drop their handles) run first."""
+    later: asyncio.Future[T] = loop.create_future()
+
+    def settle() -> None:
+        if later.done():
+            return
+        if fut.cancelled():
+            later.cancel()
+            return
+        error = fut.exception()  # handed on: ``later`` reports it if never retrieved
+        if error is None:
+            later.set_result(fut.result())
+        else:
+            later.set_exception(error)
+
+    loop.call_soon(settle)
+    return later
 
 
 class CompletionWatcher:
