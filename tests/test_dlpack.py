@@ -177,6 +177,7 @@ def _scale(t: ac.Tensor, factor: float) -> ac.Bindings:
 async def test_export_right_after_execute_sees_the_kernels_result(
     host_client: ac.ComputeClient,
 ) -> None:
+    await host_client.sync()  # the stream's worker thread is started (not part of this)
     data = np.arange(1024, dtype=np.float32)
     t = host_client.create_array(data)
     host_client.execute(SCALE, blocks(1024), _scale(t, 3.0))  # fire-and-forget
@@ -187,6 +188,7 @@ async def test_export_right_after_execute_sees_the_kernels_result(
 async def test_export_runs_the_commands_still_queued_for_the_actor(
     host_client: ac.ComputeClient,
 ) -> None:
+    await host_client.sync()  # the stream's worker thread is started (not part of this)
     data = np.arange(256, dtype=np.float32)
     t = host_client.create_array(data)
     channel = host_client._channel

@@ -54,9 +54,25 @@ def one_step_later(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[T]) -> a
     suspends once, so callbacks queued before it (the wake-ups of tasks cancelled before
     a sync, whose frames then unwind and drop their handles) run first."""
     later: asyncio.Future[T] = loop.create_future()
+    loop.call_soon(_Relay(fut, later))
+    return later
 
-    def settle() -> None:
-        if later.done():
+
+class _Relay:
+    """Settles ``later`` like ``fut`` once, then keeps neither (a loop may keep the last
+    callback it ran, and an error's traceback holds the frames, so the buffers, of the
+    task that raised it)."""
+
+    __slots__ = ("fut", "later")
+
+    def __init__(self, fut: asyncio.Future[Any], later: asyncio.Future[Any]) -> None:
+        self.fut: asyncio.Future[Any] | None = fut
+        self.later: asyncio.Future[Any] | None = later
+
+    def __call__(self) -> None:
+        fut, later = self.fut, self.later
+        self.fut = self.later = None
+        if fut is None or later is None or later.done():
             return
         if fut.cancelled():
             later.cancel()
@@ -66,9 +82,6 @@ def one_step_later(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[T]) -> a
             later.set_result(fut.result())
         else:
             later.set_exception(error)
-
-    loop.call_soon(settle)
-    return later
 
 
 class CompletionWatcher:

@@ -10,7 +10,7 @@ import threading
 
 __all__ = ["EXPORT_WAIT_SECONDS", "wait_briefly"]
 
-EXPORT_WAIT_SECONDS = 0.002
+EXPORT_WAIT_SECONDS = 0.003
 
 
 def wait_briefly(event: threading.Event, seconds: float = EXPORT_WAIT_SECONDS) -> bool:
