@@ -3,6 +3,7 @@ lifetimes, and every bad input refused with a typed error while the client serve
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import weakref
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 import asynccube as ac
 
-from .kernels import SLOW_FILL
+from .kernels import SCALE, SLOW_FILL, blocks
 
 
 class Producer:
@@ -162,22 +163,103 @@ async def test_bad_export_requests_are_refused(
     await _serves(host_client)
 
 
+def _scale(t: ac.Tensor, factor: float) -> ac.Bindings:
+    n = t.shape[0]
+    return (
+        ac.Bindings()
+        .with_buffers([t.binding()])
+        .with_scalar(np.float32, [factor])
+        .with_scalar(np.uint32, [n])
+    )
+
+
 @pytest.mark.asyncio
-async def test_export_with_work_queued_is_refused_not_blocked(
+async def test_export_right_after_execute_sees_the_kernels_result(
+    host_client: ac.ComputeClient,
+) -> None:
+    await host_client.sync()  # the stream's worker thread is started (not part of this)
+    data = np.arange(1024, dtype=np.float32)
+    t = host_client.create_array(data)
+    host_client.execute(SCALE, blocks(1024), _scale(t, 3.0))  # fire-and-forget
+    np.testing.assert_array_equal(np.from_dlpack(t), data * 3.0)  # no sync in between
+
+
+@pytest.mark.asyncio
+async def test_export_runs_the_commands_still_queued_for_the_actor(
+    host_client: ac.ComputeClient,
+) -> None:
+    await host_client.sync()  # the stream's worker thread is started (not part of this)
+    data = np.arange(256, dtype=np.float32)
+    t = host_client.create_array(data)
+    channel = host_client._channel
+    channel._inline_spent = channel.budget  # as past the inline budget: commands queue
+    host_client.execute(SCALE, blocks(256), _scale(t, 1.5))
+    other = host_client.create_array(np.zeros(256, np.float32))
+    host_client.execute(SCALE, blocks(256), _scale(t, 2.0))
+    assert host_client._channel._queue, "the test needs commands still queued"
+    np.testing.assert_array_equal(np.from_dlpack(t), data * 3.0)
+    assert not host_client._channel._queue
+    await host_client.sync()
+    np.testing.assert_array_equal(np.from_dlpack(other), 0.0)
+
+
+@pytest.mark.asyncio
+async def test_export_waits_only_for_the_stream_that_last_used_the_buffer(
+    host_client: ac.ComputeClient,
+) -> None:
+    slow = host_client.create_array(np.zeros(4, np.float32))
+    with ac.StreamId.pinned(1):
+        t = host_client.create_array(np.arange(4, dtype=np.float32))
+    with ac.StreamId.pinned(2):  # 50 ms on another stream's worker, on another buffer
+        host_client.execute(SLOW_FILL, ac.CubeCount(1), _slow(slow, 0.05))
+    with ac.StreamId.pinned(1):
+        host_client.execute(SCALE, blocks(4), _scale(t, 2.0))
+    np.testing.assert_array_equal(np.from_dlpack(t), [0.0, 2.0, 4.0, 6.0])
+    await host_client.sync()
+
+
+def _slow(t: ac.Tensor, seconds: float) -> ac.Bindings:
+    return (
+        ac.Bindings()
+        .with_buffers([t.binding()])
+        .with_scalar(np.float32, [seconds])
+        .with_scalar(np.uint8, [0])
+    )
+
+
+@pytest.mark.asyncio
+async def test_export_behind_long_work_is_refused_not_blocked(
     host_client: ac.ComputeClient,
 ) -> None:
     t = host_client.create_array(np.zeros(4, np.float32))
-    bindings = (
-        ac.Bindings()
-        .with_buffers([t.binding()])
-        .with_scalar(np.float32, [0.05])
-        .with_scalar(np.uint8, [0])
-    )
-    host_client.execute(SLOW_FILL, ac.CubeCount(1), bindings)  # 50 ms on a worker
-    with pytest.raises(ac.DLPackError, match=r"await client.sync\(\)"):
+    host_client.execute(SLOW_FILL, ac.CubeCount(1), _slow(t, 0.05))  # 50 ms on a worker
+    with pytest.raises(ac.DLPackError, match=r"still running.*await client.sync\(\)"):
         np.from_dlpack(t)
     await host_client.sync()
     assert np.from_dlpack(t).shape == (4,)
+
+
+@pytest.mark.asyncio
+async def test_export_behind_a_compile_is_refused_not_blocked(
+    host_client: ac.ComputeClient,
+) -> None:
+    t = host_client.create_array(np.zeros(4, np.float32))
+    gate = asyncio.Event()
+
+    async def compile_job() -> None:  # what a command waiting on a worker job returns
+        await gate.wait()
+
+    host_client._channel.send(compile_job)  # started inline: the actor awaits it next
+    host_client.execute(SCALE, blocks(4), _scale(t, 2.0))  # queued behind it
+    with pytest.raises(ac.DLPackError, match="waits on a job in a worker thread"):
+        np.from_dlpack(t)
+    await asyncio.sleep(0)  # the actor now awaits the job
+    assert host_client._channel._blocked
+    with pytest.raises(ac.DLPackError, match="waits on a job in a worker thread"):
+        np.from_dlpack(t)
+    gate.set()
+    await host_client.sync()
+    np.testing.assert_array_equal(np.from_dlpack(t), 0.0)
 
 
 @pytest.mark.asyncio

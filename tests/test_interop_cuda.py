@@ -80,14 +80,105 @@ async def test_consumer_shares_memory_in_order(consumer: Any) -> None:
         del array
 
 
-async def test_cai_with_commands_still_queued_is_refused() -> None:
+async def test_cai_right_after_queued_commands_is_ordered_after_them() -> None:
+    n = 1 << 18  # 1 MiB: copied inline (a larger one is staged by a worker first)
     async with ac.open_client("cuda:0") as client:
-        t = client.create_array(np.zeros(1 << 20, np.float32))  # staged by a worker first
-        if not client._channel.idle():
-            with pytest.raises(ac.DLPackError, match="sync"):
-                _ = t.__cuda_array_interface__
+        warm = client.create_array(np.zeros(n, np.float32))
+        client.execute(SCALE, blocks(n), _scale(warm, 1.0, n))  # compiled and loaded now
         await client.sync()
-        assert t.__cuda_array_interface__["data"][0] != 0
+        data = np.arange(n, dtype=np.float32)
+        t = client.create_array(data)
+        for _ in range(30):  # fire-and-forget, some still queued for the actor
+            client.execute(SCALE, blocks(n), _scale(t, 1.0, n))
+        client.execute(SCALE, blocks(n), _scale(t, 3.0, n))
+        cai = t.__cuda_array_interface__  # no sync: the queued commands are issued first
+        assert not client._channel._queue
+        np.testing.assert_array_equal(_read_after(cai["data"][0], n, cai["stream"]), data * 3)
+
+
+def _read_after(address: int, n: int, producer: int | None) -> np.ndarray[Any, Any]:
+    """A consumer on a stream of its own (the raw driver): ordered after ``producer``'s
+    work by an event (CAI), or by the export itself when ``producer`` is None (DLPack
+    was given this consumer's stream: see _dlpack_to_driver), then copied to the host."""
+    from asynccube._core.cuda.driver import check, cu
+
+    d = cu()
+    out = np.empty(n, np.float32)
+    stream = check(d.cuStreamCreate(int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+    try:
+        if producer is not None:
+            event = check(d.cuEventCreate(0))
+            check(d.cuEventRecord(event, producer))
+            check(d.cuStreamWaitEvent(stream, event, 0))
+            check(d.cuEventDestroy(event))
+        check(d.cuMemcpyDtoHAsync(out.ctypes.data, address, out.nbytes, stream))
+        check(d.cuStreamSynchronize(stream))
+    finally:
+        d.cuStreamDestroy(stream)
+    return out
+
+
+def _dlpack_to_driver(t: ac.Tensor, n: int) -> np.ndarray[Any, Any]:
+    """The raw-driver consumer of a DLPack capsule: its stream is given to the export,
+    which makes it wait for asynccube's work on the buffer; then it copies the data."""
+    from asynccube._core.cuda.driver import check, cu
+    from asynccube._core.dlpack import take_capsule
+
+    d = cu()
+    out = np.empty(n, np.float32)
+    stream = check(d.cuStreamCreate(int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+    try:
+        imported = take_capsule(t, int(stream))
+        assert imported.shape == (n,) and imported.dtype == np.float32
+        check(d.cuMemcpyDtoHAsync(out.ctypes.data, imported.address, out.nbytes, stream))
+        check(d.cuStreamSynchronize(stream))
+        del imported
+    finally:
+        d.cuStreamDestroy(stream)
+    return out
+
+
+def _any_dlpack_consumer() -> Any:
+    """torch's or CuPy's ``from_dlpack`` (to numpy) where importable, else the driver."""
+    for name in ("torch", "cupy"):
+        try:
+            module = __import__(name)
+        except ImportError:
+            continue
+        if name == "torch":
+            return lambda t, n: module.from_dlpack(t).cpu().numpy()
+        return lambda t, n: module.asnumpy(module.from_dlpack(t))
+    return _dlpack_to_driver
+
+
+async def test_dlpack_export_right_after_execute_is_ordered_after_it() -> None:
+    n = 1 << 18  # 1 MiB: copied inline (a larger one is staged by a worker first)
+    consume = _any_dlpack_consumer()
+    async with ac.open_client("cuda:0") as client:
+        warm = client.create_array(np.zeros(n, np.float32))
+        client.execute(SCALE, blocks(n), _scale(warm, 1.0, n))  # compiled and loaded now
+        await client.sync()
+        data = np.arange(n, dtype=np.float32)
+        t = client.create_array(data)
+        for _ in range(20):  # fire-and-forget, some still queued for the actor
+            client.execute(SCALE, blocks(n), _scale(t, 2.0, n))
+        np.testing.assert_array_equal(consume(t, n), data * 2.0**20)  # no sync
+        t2 = client.create_array(data)
+        client.execute(SCALE, blocks(n), _scale(t2, 3.0, n))
+        np.testing.assert_array_equal(_dlpack_to_driver(t2, n), data * 3.0)
+
+
+async def test_export_behind_a_first_compile_is_refused_then_served() -> None:
+    async with ac.open_client("cuda:0") as client:
+        n = 1 << 10
+        t = client.create_array(np.ones(n, np.float32))
+        fresh = ac.Kernel("interop_fresh_scale", cuda=SCALE.cuda)  # not compiled yet
+        client.execute(fresh, blocks(n), _scale(t, 2.0, n))  # waits on its compile
+        if client._channel.run_queued_inline() is not None:  # the compile is running
+            with pytest.raises(ac.DLPackError, match="compile"):
+                t.__dlpack__(stream=-1)
+        await client.sync()
+        np.testing.assert_array_equal(_dlpack_to_driver(t, n), 2.0)
 
 
 def _dlpack_consumers() -> list[Any]:

@@ -61,6 +61,7 @@ class Channel(Settling):
         "_activate",
         "_actor",
         "_batch_end_scheduled",
+        "_blocked",
         "_cancelled",
         "_death",
         "_held",
@@ -111,6 +112,9 @@ class Channel(Settling):
         self._batch_end_scheduled = False
         self._yielding = False
         """True while the actor yields between two slices of its batch (all run so far)."""
+        self._blocked = False
+        """True while the actor awaits a command's job (a compile): what is queued behind
+        it cannot run before that job ends."""
         self._inline_spent = 0.0
         """Seconds of commands run inline in this loop iteration (reset at its end)."""
         self.watcher = CompletionWatcher(loop, self.backend.checkpoint)
@@ -172,6 +176,44 @@ class Channel(Settling):
             return
         self._queue.append((op, args))
         self._wake()
+
+    def run_queued_inline(self) -> str | None:
+        """Run every queued command now, on the calling thread, in order, as the actor
+        would (for a synchronous caller that must be ordered after them: a DLPack
+        export). Returns None once nothing is left queued, else why that cannot be done
+        without blocking: the actor awaits a command's job (a compile), or a queued
+        command must wait for one (it has started: it is left, at the queue's head, for
+        the actor to finish, and what follows it stays queued). A command that raises
+        kills the channel, as in the actor: its error is raised."""
+        if self._blocked:
+            return _BLOCKED
+        queue = self._queue
+        if not queue:
+            return None
+        start = time.perf_counter()
+        try:
+            while queue and not self._stop:
+                op, args = queue[0]
+                if op is _awaited:  # started inline earlier; the actor awaits it next
+                    return _BLOCKED
+                queue.popleft()
+                if self._activate is not None:
+                    self._activate()
+                pending = op(*args)
+                if pending is not None:
+                    queue.appendleft((_awaited, (pending,)))
+                    self._wake()
+                    return _BLOCKED
+        except BaseException as exc:  # as in the actor: a bug kills the channel
+            self._die(exc)
+            error = self._unusable()
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            self._inline_spent += time.perf_counter() - start
+            self.ran_inline()
+        return None
 
     def _inline_budget(self) -> bool:
         """True while this loop iteration has run less than the batch budget inline."""
@@ -254,7 +296,11 @@ class Channel(Settling):
                 activate()
             pending = op(*args)
             if pending is not None:
-                await pending
+                self._blocked = True
+                try:
+                    await pending
+                finally:
+                    self._blocked = False
             if clock() > deadline:
                 self._end_batch()
                 self._yielding = True
@@ -366,6 +412,12 @@ def _check_budget(batch_seconds: object) -> None:
             f"batch_seconds must be from 1e-6 to 1000 seconds, got {batch_seconds!r} "
             "(streaming.batch_us takes microseconds)"
         )
+
+
+_BLOCKED = (
+    "a command queued before this call waits on a job in a worker thread (a kernel "
+    "compile, or a large copy being staged)"
+)
 
 
 def _awaited(pending: Awaitable[None]) -> Awaitable[None]:

@@ -52,6 +52,7 @@ from .client_args import (
     _write_items,
 )
 from .client_memory import MemoryOps
+from .completion import one_step_later, others_ready
 from .errors import InvalidArgument
 from .jobs import JobThread
 from .kernel import Kernel
@@ -296,6 +297,9 @@ class ClientCore(MemoryOps):
 
         Raises the first error held for the calling task's stream. Graphs whose
         ``Graph`` object is gone are released first, so their buffers count as free.
+        Awaiting it suspends at least once, even when the device is already done, so
+        tasks cancelled before it have unwound: the next ``memory_usage()`` counts
+        every handle dropped before the sync as free.
         """
         fast = self._fast_sync  # FastSync: the device is done within a few µs
         if fast is not None and self._graph_registry is None:
@@ -305,7 +309,11 @@ class ClientCore(MemoryOps):
         self._channel.check()
         if self._graph_registry is not None:
             self._graph_registry.drain()
-        return self._request(self._server.sync)
+        fut = self._request(self._server.sync)
+        channel = self._channel
+        if fut.done() and others_ready(channel.loop, channel):
+            return one_step_later(channel.new_future, fut)  # settled inline: suspend once
+        return fut
 
     def get_resource(self, binding: Binding | Handle) -> asyncio.Future[BindingResource[Any]]:
         """The storage behind ``binding`` (a numpy view on host, a pointer on CUDA)."""

@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar
 
 from .server import Completion
 
-__all__ = ["CompletionWatcher"]
+__all__ = ["CompletionWatcher", "one_step_later"]
 
 T = TypeVar("T")
 Sink = Callable[[Completion[Any]], None]
@@ -47,6 +47,58 @@ class _Notifying(Protocol):
 
 def _sleep0() -> Awaitable[None]:
     return asyncio.sleep(0)
+
+
+def others_ready(loop: asyncio.AbstractEventLoop, own: object) -> bool:
+    """True unless ``loop`` is asyncio's own and has nothing ready to run but callbacks
+    of ``own`` (the channel): then no task has a wake-up queued (a cancelled task's,
+    whose frames would drop their handles when it unwinds), and a sync found done may
+    settle at once. Any other loop (uvloop, trio's adapter): True."""
+    if not isinstance(loop, asyncio.BaseEventLoop):
+        return True
+    ready = loop._ready  # type: ignore[attr-defined]
+    return any(getattr(handle._callback, "__self__", None) is not own for handle in ready)
+
+
+def one_step_later(
+    make: Callable[[], asyncio.Future[T]], fut: asyncio.Future[T]
+) -> asyncio.Future[T]:
+    """A future from ``make`` settled like the settled ``fut``, one loop step from now:
+    awaiting it suspends once, so callbacks queued before it (the wake-ups of tasks
+    cancelled before a sync, whose frames then unwind and drop their handles) run
+    first."""
+    later: asyncio.Future[T] = make()
+    later.get_loop().call_soon(_Relay(fut, later))
+    return later
+
+
+class _Relay:
+    """Settles ``later`` like ``fut`` once, then keeps neither (a loop may keep the last
+    callback it ran, and an error's traceback holds the frames, so the buffers, of the
+    task that raised it)."""
+
+    __slots__ = ("fut", "later")
+
+    def __init__(self, fut: asyncio.Future[Any], later: asyncio.Future[Any]) -> None:
+        self.fut: asyncio.Future[Any] | None = fut
+        self.later: asyncio.Future[Any] | None = later
+
+    def __call__(self) -> None:
+        fut, later = self.fut, self.later
+        self.fut = self.later = None
+        if fut is None or later is None or later.done():
+            return
+        if fut.cancelled():
+            later.cancel()
+            return
+        error = fut.exception()  # handed on: ``later`` gives it back if never retrieved
+        if error is None:
+            later.set_result(fut.result())
+            return
+        stream = getattr(fut, "_ac_stream", None)
+        if stream is not None:
+            later._ac_stream = stream  # type: ignore[attr-defined]
+        later.set_exception(error)
 
 
 class CompletionWatcher:

@@ -1,13 +1,20 @@
 """DLPack exchange between a client's tensors and other array libraries.
 
-Export (``Tensor.__dlpack__``): the tensor's memory is handed to the consumer without a
-copy, wrapped in an array whose base holds the tensor's :class:`Handle`, so the buffer
-stays alive (and out of the pools) as long as the consumer holds it. The server says
-where the bytes are (``export_view``) once no queued work can still touch them; on the
-host server a CPU consumer has no stream to be ordered after, so a tensor with work
-still queued is refused with :class:`DLPackError` (``await client.sync()`` first) rather
-than the event loop being blocked. The capsule itself (versioned when the consumer asks
-with ``max_version``) is made by numpy's own DLPack export.
+Export (``Tensor.__dlpack__``, ``__cuda_array_interface__``) is ordered after every
+command sent before it, fire-and-forget ones included: the commands still queued for the
+channel's actor are run first, inline (``Channel.run_queued_inline``), so that the
+server has issued all of them. Only where that would block (a queued command waits on
+a job in a worker thread, such as a kernel compile) is the export refused, with a
+:class:`DLPackError` naming the reason.
+
+On the host the tensor's memory is handed to the consumer without a copy, wrapped in an
+array whose base holds the tensor's :class:`Handle`, so the buffer stays alive (and out
+of the pools) as long as the consumer holds it. A CPU consumer has no stream to be
+ordered after, so the server (``export_view``) waits, briefly, for the worker of the
+stream that last used the buffer to finish the work queued on it; work still running
+after that (a long kernel) is refused with a :class:`DLPackError` rather than the event
+loop being blocked. The capsule itself (versioned when the consumer asks with
+``max_version``) is made by numpy's own DLPack export.
 
 Import (``client.from_dlpack(obj)``): the producer's memory is bound to a new handle
 (``import_view``) without a copy; the bound view keeps ``obj`` alive while any handle,
@@ -84,8 +91,7 @@ def export_dlpack(
     client._channel.check()
     device = dlpack_device(tensor)
     _check_request(device, stream, max_version, dl_device, copy)
-    if not client._channel.idle():
-        raise DLPackError(_BUSY)
+    _run_queued(client)
     if device[0] == KDL_CUDA:
         return _export_cuda(client, tensor, device, stream, max_version, copy)
     exporter = getattr(client._server, "export_view", None)
@@ -111,8 +117,7 @@ def cuda_array_interface(tensor: Tensor) -> dict[str, Any]:
             f"__cuda_array_interface__: the tensor lives on {client.device}, not on a GPU"
         )
     client._channel.check()
-    if not client._channel.idle():
-        raise DLPackError(_BUSY)
+    _run_queued(client)
     if tensor.nbytes_spanned() > tensor.handle.size:
         raise InvalidArgument(f"{tensor!r} addresses more bytes than its buffer holds")
     ptr, stream = exporter(tensor.binding(), StreamId.current())
@@ -159,10 +164,16 @@ def _export_cuda(
     )  # fmt: skip
 
 
-_BUSY = (
-    "this client still has commands queued; `await client.sync()` before exporting "
-    "a tensor to a consumer that cannot be ordered after them"
-)
+def _run_queued(client: ClientCore) -> None:
+    """Issue every command sent before the export (see the module docstring), or a
+    DLPackError saying why that cannot be done without blocking the event loop."""
+    why = client._channel.run_queued_inline()
+    if why is not None:
+        raise DLPackError(
+            f"cannot export this tensor now: {why}, and the export cannot be ordered "
+            "after it without blocking the event loop; `await client.sync()` first, "
+            "then export"
+        )
 
 
 def _check_request(

@@ -1,22 +1,19 @@
-"""A short bounded spin for checks that a worker is about to make true (a host worker
-counts a task as finished just after the task has signalled its completion)."""
+"""The short wait of a host export (DLPack to a CPU consumer, which has no stream to be
+ordered after): the work queued on the buffer is given this long to finish on its
+worker thread before the export is refused (the event loop blocks meanwhile, so it is
+kept well under the loop-lag budget; fire-and-forget work on small buffers finishes in
+tens of microseconds)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+import threading
 
-__all__ = ["spin_until"]
+__all__ = ["EXPORT_WAIT_SECONDS", "wait_briefly"]
 
-_SPIN_SECONDS = 0.0005
+EXPORT_WAIT_SECONDS = 0.003
 
 
-def spin_until(ready: Callable[[], bool], seconds: float = _SPIN_SECONDS) -> bool:
-    """True once ``ready()`` is; False if it is not within ``seconds`` (half a
-    millisecond by default), yielding the GIL between tries."""
-    deadline = time.perf_counter() + seconds
-    while not ready():
-        if time.perf_counter() >= deadline:
-            return False
-        time.sleep(0)
-    return True
+def wait_briefly(event: threading.Event, seconds: float = EXPORT_WAIT_SECONDS) -> bool:
+    """True once ``event`` is set; False if it is not within ``seconds``. Blocks the
+    calling thread (with the GIL released, so the worker that sets it runs freely)."""
+    return event.wait(seconds)

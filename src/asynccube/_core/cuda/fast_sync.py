@@ -5,8 +5,9 @@ The route (``ClientCore.sync`` -> ``Channel.request`` -> ``await_completion`` ->
 hands a completion to the watcher. When that work ends within a few µs (a sync right
 after a short kernel), most of the cost is that machinery. ``FastSync`` polls each such
 stream directly (``cuStreamQuery``, through the hot path) for up to 30 µs, as the
-watcher's first spin does, and returns a future already resolved, so awaiting it does
-not suspend. It runs only where the route would run the sync inline with nothing else
+watcher's first spin does, and returns a future resolved one loop step later (not at
+once, so that tasks cancelled before the sync have unwound when it returns:
+:func:`settle_none`). It runs only where the route would run the sync inline with nothing else
 to do first: the channel open, called on its loop, no capture, the actor idle with
 nothing queued, no error held (the route raises it), no graphs to release, the device's
 context current as ``driver.set_current`` left it. Anything else, a stream not done
@@ -23,6 +24,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Final
 
+from ..completion import others_ready
 from . import driver
 from .hotpath import hot
 
@@ -30,12 +32,22 @@ if TYPE_CHECKING:
     from ..channel import Channel
     from .server import CudaServer
 
-__all__ = ["FastSync"]
+__all__ = ["FastSync", "settle_none"]
 
 SPIN_S: Final = 30e-6
 """How long the streams are polled (as ``CompletionWatcher``'s ``sync_spin_seconds``)."""
 _NOT_READY: Final = 600  # CUDA_ERROR_NOT_READY
 _get_running_loop = asyncio._get_running_loop
+
+
+def settle_none(fut: asyncio.Future[None]) -> None:
+    """Resolve a sync's future (unless its caller cancelled it) one loop step after
+    the sync was found done, not at once: the tasks cancelled before the sync (their
+    wake-ups are queued ahead of this) unwind first, so the handles their frames held
+    are dropped, and the next ``memory_usage()`` counts them as free (the sync marked
+    every stream done, so their slices are released at once)."""
+    if not fut.done():
+        fut.set_result(None)
 
 
 class FastSync:
@@ -62,7 +74,10 @@ class FastSync:
             return None
         c = self._channel
         fut: asyncio.Future[None] = self._new_future()
-        fut.set_result(None)
+        if others_ready(c.loop, c):
+            c.loop.call_soon(settle_none, fut)  # one loop step: see settle_none
+        else:
+            fut.set_result(None)
         c.ran_inline()
         self.hits += 1
         return fut

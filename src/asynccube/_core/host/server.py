@@ -21,7 +21,7 @@ import numpy.typing as npt
 from ..bindings import Bindings, CubeCount
 from ..errors import DLPackError, InvalidArgument, InvalidHandle, ProfileError
 from ..held import HeldErrors
-from ..interop_wait import spin_until
+from ..interop_wait import EXPORT_WAIT_SECONDS, wait_briefly
 from ..kernel import HostLaunch, Kernel, LaunchGuard, launch_maps, launch_views
 from ..launch_limits import HOST_LIMITS, check_launch
 from ..logging import ServerLogger
@@ -219,17 +219,25 @@ class HostServer(SliceServer[_Bound]):
         return view[first : first + size]
 
     def export_view(self, binding: Binding, stream: StreamId) -> View:
-        """The bytes of ``binding`` for a CPU consumer (DLPack), once no queued work can
-        still touch them (the check never blocks; see :mod:`..interop`)."""
+        """The bytes of ``binding`` for a CPU consumer (DLPack), once the work queued on
+        them has run: the worker of the stream that last used the buffer (every earlier
+        use is ordered before that one) is handed its tasks and waited for, briefly
+        (``interop_wait``); work still running then is refused with DLPackError rather
+        than the event loop being blocked (see :mod:`..interop`)."""
         view = self._view(binding)
-        self._backend.flush_dirty()
-        streams = self._streams.existing_streams()
-        idle = self._backend.idle
-        if not idle(streams) and not spin_until(lambda: idle(streams)):
+        self._backend.flush_dirty()  # every stream's tasks, and the events they wait on
+        worker = self._streams.streams.get(self._streams.origin(binding)[0]).stream
+        if worker.finished == worker.submitted:
+            return view
+        reached = threading.Event()
+        worker.submit(reached.set)
+        worker.flush()
+        if not wait_briefly(reached):
             raise DLPackError(
-                "asynccube still has work queued on the host server, which a CPU "
-                "consumer cannot be ordered after (it has no stream); `await "
-                "client.sync()` before exporting the tensor"
+                f"the work queued on this tensor is still running on the host server "
+                f"after {EXPORT_WAIT_SECONDS * 1e3:g} ms (a long kernel or copy), and a "
+                "CPU consumer cannot be ordered after it (it has no stream) without "
+                "blocking the event loop; `await client.sync()` first, then export"
             )
         return view
 
