@@ -1,11 +1,13 @@
 """Project-wide test settings. Devices, clients, the ``cuda`` marker and the loop-lag
 probe come from asynccube's own pytest plugin (``-p asynccube.pytest_plugin`` in
 pyproject's addopts; ``asynccube_max_lag_ms = "5"`` turns the probe on for every async
-test, ``ASYNCCUBE_MAX_LAG_MS`` overrides it)."""
+test, ``ASYNCCUBE_MAX_LAG_MS`` overrides it; ``asynccube_gpu_markers = ["cuda"]`` makes
+the suite's ``cuda`` marker asynccube's GPU requirement, the way a user's project opts
+in). The collector runs as in a user's process (no freeze): the probe leaves its pauses
+out of a callback's time."""
 
 from __future__ import annotations
 
-import gc
 import importlib
 import sys
 import warnings
@@ -37,12 +39,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("rerunfailures") and not config.option.reruns:
         config.option.reruns = 1
         config.option.only_rerun = [LAG_FAILURE]
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    # A full collection of everything imported so far can pause the loop for > 5 ms.
-    gc.collect()
-    gc.freeze()
 
 
 @pytest.fixture
