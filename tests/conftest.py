@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
+import shutil
 import sys
+import tempfile
 import warnings
 from collections.abc import AsyncIterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -39,6 +43,20 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("rerunfailures") and not config.option.reruns:
         config.option.reruns = 1
         config.option.only_rerun = [LAG_FAILURE]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # ray's session folders of this process (tests/test_ray_pipeline.py: ray names them
+    # after the driver's pid) are removed: a run leaves nothing in the temp dir.
+    root = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray"
+    ours = list(root.glob(f"session_*_{os.getpid()}"))
+    for session in ours:
+        shutil.rmtree(session, ignore_errors=True)
+    latest = root / "session_latest"
+    if ours and latest.is_symlink() and not latest.exists():
+        latest.unlink()
+    if ours and root.is_dir() and not any(root.iterdir()):
+        root.rmdir()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
