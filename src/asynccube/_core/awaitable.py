@@ -105,9 +105,10 @@ def new_future(
     ours = _OURS
     while frame is not None:
         code = frame.f_code
-        mine = ours.get(code)
+        mine = ours.get(code.co_filename)  # a str: its hash is cached (a code's is not)
         if mine is None:
-            mine = ours[code] = frame.f_globals.get("__name__", "").startswith(_PACKAGE)
+            name = frame.f_globals.get("__name__", "")
+            mine = ours[code.co_filename] = name.startswith(_PACKAGE)
         if not mine:
             break
         call = code.co_name
@@ -119,8 +120,8 @@ def new_future(
     return fut
 
 
-_OURS: dict[Any, bool] = {}
-"""Code object -> whether it is asynccube's (a cache for ``new_future``'s walk)."""
+_OURS: dict[str, bool] = {}
+"""Source file -> whether it is asynccube's (a cache for ``new_future``'s walk)."""
 
 
 def _warn_unawaited(origin: tuple[Any, str, str, int]) -> None:
