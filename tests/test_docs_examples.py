@@ -17,11 +17,13 @@ server, in page order. The convention, also written down in ``docs/development.m
 from __future__ import annotations
 
 import ast
+import asyncio
 import inspect
 import re
 import subprocess
 import sys
 import textwrap
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,16 +105,23 @@ async def test_page_examples_run_on_the_host(page: Path) -> None:
     if not runnable:
         return
     client = await ac.connect("host")
-    namespace: dict[str, object] = {"__name__": "__docs__", "ac": ac, "np": np}
-    namespace["client"] = client
+    # A module of its own, as a script's __main__ is (dataclasses look their module up).
+    module = types.ModuleType("asynccube_docs_example")
+    namespace = module.__dict__
+    namespace.update(ac=ac, np=np, client=client)
+    sys.modules[module.__name__] = module
     try:
         for block in runnable:
             result = eval(block.compiled(), namespace)  # noqa: S307 (the docs' own code)
             if inspect.iscoroutine(result):
                 await result
+            await asyncio.sleep(0)  # one block, one loop step at most: as notebook cells
     finally:
-        namespace.clear()
-        await client.close()  # raises any error an example left unawaited
+        try:
+            await client.close()  # raises any error an example left unawaited
+        finally:
+            del sys.modules[module.__name__]
+            namespace.clear()
 
 
 PROGRAMS = [b for page in PAGES for b in blocks(page) if b.kind == "program"]
