@@ -112,7 +112,7 @@ async def test_page_examples_run_on_the_host(page: Path) -> None:
     sys.modules[module.__name__] = module
     try:
         for block in runnable:
-            result = eval(block.compiled(), namespace)  # noqa: S307 (the docs' own code)
+            result = eval(block.compiled(), namespace)  # the docs' own code
             if inspect.iscoroutine(result):
                 await result
             await asyncio.sleep(0)  # one block, one loop step at most: as notebook cells
