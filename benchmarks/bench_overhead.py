@@ -65,13 +65,15 @@ int cuPointerGetAttributes(unsigned n, int *attrs, void **data, u64 ptr) {
 
 def _fake_libcuda() -> ctypes.CDLL:
     """Build and load the no-op ``libcuda.so.1`` (its soname makes a later
-    ``dlopen("libcuda.so.1")`` find this one)."""
-    tmp = Path(tempfile.mkdtemp(prefix="asynccube-fakecuda-"))
-    (tmp / "fake.c").write_text(FAKE_LIBCUDA)
-    lib = tmp / "libcuda.so.1"
-    cmd = ["cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib)]
-    subprocess.run([*cmd, str(tmp / "fake.c")], check=True)
-    return ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    ``dlopen("libcuda.so.1")`` find this one). Its folder is removed once it is loaded
+    (the mapping stays): a run leaves nothing in the temp dir."""
+    with tempfile.TemporaryDirectory(prefix="asynccube-fakecuda-") as folder:
+        tmp = Path(folder)
+        (tmp / "fake.c").write_text(FAKE_LIBCUDA)
+        lib = tmp / "libcuda.so.1"
+        cmd = ["cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib)]
+        subprocess.run([*cmd, str(tmp / "fake.c")], check=True)
+        return ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
 
 
 class _Enum:

@@ -1,15 +1,21 @@
 """Project-wide test settings. Devices, clients, the ``cuda`` marker and the loop-lag
 probe come from asynccube's own pytest plugin (``-p asynccube.pytest_plugin`` in
 pyproject's addopts; ``asynccube_max_lag_ms = "5"`` turns the probe on for every async
-test, ``ASYNCCUBE_MAX_LAG_MS`` overrides it)."""
+test, ``ASYNCCUBE_MAX_LAG_MS`` overrides it; ``asynccube_gpu_markers = ["cuda"]`` makes
+the suite's ``cuda`` marker asynccube's GPU requirement, the way a user's project opts
+in)."""
 
 from __future__ import annotations
 
 import gc
 import importlib
+import os
+import shutil
 import sys
+import tempfile
 import warnings
 from collections.abc import AsyncIterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -39,8 +45,26 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.only_rerun = [LAG_FAILURE]
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # ray's session folders of this process (tests/test_ray_pipeline.py: ray names them
+    # after the driver's pid) are removed: a run leaves nothing in the temp dir.
+    root = Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()) / "ray"
+    ours = list(root.glob(f"session_*_{os.getpid()}"))
+    for session in ours:
+        shutil.rmtree(session, ignore_errors=True)
+    latest = root / "session_latest"
+    if ours and latest.is_symlink() and not latest.exists():
+        latest.unlink()
+    if ours and root.is_dir() and not any(root.iterdir()):
+        root.rmdir()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # A full collection of everything imported so far can pause the loop for > 5 ms.
+    # The heap after collection (modules, hypothesis, numpy, the CUDA bindings) lives as
+    # long as the run: frozen once, a full collection (the client fixture's leak check
+    # runs one per test) takes ~1 ms instead of ~40 ms, which halves the suite's time.
+    # Not for the lag probe's sake: the probe leaves collector pauses out, and no longer
+    # touches the collector itself.
     gc.collect()
     gc.freeze()
 

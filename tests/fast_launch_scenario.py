@@ -297,11 +297,16 @@ async def sync_taken() -> None:
     hits, declined = fast.hits, fast.declined
     s.client.execute(ADD, s.count, s.bindings, U)
     fut = s.client.sync()
+    assert fut.done(), "nothing else ready on the loop: the sync is settled at once"
+    await fut
+    s.client.execute(ADD, s.count, s.bindings, U)
+    asyncio.get_running_loop().call_soon(lambda: None)  # another task's wake-up, say
+    fut = s.client.sync()
     assert not fut.done(), "settled one step later: tasks cancelled before it unwind first"
     await asyncio.sleep(0)
     assert fut.done(), "the device was done: the sync is settled in the next loop step"
     await fut
-    assert (fast.hits, fast.declined) == (hits + 1, declined)
+    assert (fast.hits, fast.declined) == (hits + 2, declined)
     s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held
     raised: BaseException | None = None
     try:
@@ -309,9 +314,9 @@ async def sync_taken() -> None:
     except ac.DeviceError as exc:
         raised = exc
     assert raised is not None and "cuLaunchKernel" in str(raised), raised
-    assert (fast.hits, fast.declined) == (hits + 1, declined + 1)
+    assert (fast.hits, fast.declined) == (hits + 2, declined + 1)
     await s.client.sync()
-    assert fast.hits == hits + 2
+    assert fast.hits == hits + 3
     await s.client.close()
 
 

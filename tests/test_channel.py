@@ -61,8 +61,12 @@ async def test_100_concurrent_tasks_match_numpy(host_client: ac.ComputeClient) -
 
 
 async def test_commands_are_batched(host_client: ac.ComputeClient) -> None:
-    for _ in range(500):
+    # 500 commands, queued 100 per loop step: 500 in one step of the test's own task
+    # take ~3 ms on an idle machine (~6 us each), near the probe's 5 ms on a loaded one.
+    for i in range(500):
         host_client.execute(NOOP, ac.CubeCount(1), ac.Bindings())
+        if i % 100 == 99:
+            await asyncio.sleep(0)
     await host_client.sync()
     usage = await host_client.memory_usage()
     assert usage.number_allocs == 0

@@ -149,5 +149,5 @@ async def test_yields():
 def test_a_bad_device_name_stops_the_run(pytester: pytest.Pytester) -> None:
     source = "def test_d(asynccube_device):\n    pass\n"
     result = _run(pytester, source, "--asynccube-devices", "tpu:0")
-    assert result.ret != 0
-    result.stdout.fnmatch_lines(["*tpu:0*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --asynccube-devices: unknown device 'tpu:0'*"])

@@ -3,8 +3,8 @@
 A :class:`ClientFuture` is an :class:`asyncio.Future` that knows the stream and the
 line that asked for it, so that nothing it carries is lost:
 
-* dropped without being awaited (nor its result or exception asked, nor a callback
-  added, as ``asyncio.gather``/``wait`` do), it warns, as an unawaited coroutine does:
+* dropped without being awaited (nor its exception asked, nor a callback added, as
+  ``asyncio.gather``/``wait`` do), it warns, as an unawaited coroutine does:
   a :class:`RuntimeWarning` naming the call and where it was made;
 * dropped with an error nobody retrieved, it gives the error back to its stream: the
   next awaited call there raises it, once (``close()`` raises it otherwise).
@@ -72,10 +72,8 @@ class WatchedFuture:
         self._ac_seen = True  # type: ignore[misc]  # a slot of the concrete classes
         super().add_done_callback(fn, context=context)  # type: ignore[misc]
 
-    def result(self) -> Any:
-        """As :meth:`asyncio.Future.result`."""
-        self._ac_seen = True  # type: ignore[misc]
-        return super().result()  # type: ignore[misc]
+    # No Python ``result()`` here: an error raised from a Python frame of the future's
+    # own would hold the future (``self``) in its traceback, and the future the error.
 
     def exception(self) -> BaseException | None:
         """As :meth:`asyncio.Future.exception`."""

@@ -223,14 +223,16 @@ class ComputeClient(ClientCore):
     ) -> npt.NDArray[Any]:
         """``read_array``'s read: a new array of ``desc``'s data, made by the server off
         the loop where it can (host), else copied from the bytes read."""
-        owned = self._read_arrays([desc])
+        # No local keeps a future: a failed one's error would hold this frame (its
+        # traceback) and the frame the future, a cycle only the gc breaks (issue 28).
+        pending: list[Any] = [self._read_arrays([desc])]
         flat: npt.NDArray[Any]
-        if owned is not None:
-            (raw,) = await owned
+        if pending[0] is not None:
+            (raw,) = await _take(pending)
             flat = raw.view(dt)
         else:
-            read = self.read_tensor([desc]) if buffer is None else self.read([buffer])
-            (raw,) = await read
+            pending[0] = self.read_tensor([desc]) if buffer is None else self.read([buffer])
+            (raw,) = await _take(pending)
             flat = np.frombuffer(raw, dtype=dt).copy()
         return flat if dims is None else flat.reshape(dims)
 
@@ -298,3 +300,8 @@ class ComputeClient(ClientCore):
                 source=self,
                 stacklevel=2,
             )
+
+
+async def _take(pending: list[Any]) -> Any:
+    """Await the future in ``pending``, taking it out first (see ``_read_new``)."""
+    return await pending.pop()

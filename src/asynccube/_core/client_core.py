@@ -284,8 +284,14 @@ class ClientCore(MemoryOps):
         fut: Any,
         reader: Callable[..., Any] | None = None,
     ) -> Any:
+        channel = self._channel
+        if channel._clears_at_call and channel._held._tainted:  # CUDA: checked when issued
+            error = channel._held.check([d.binding.memory.id for d in descs])
+            if error is not None:
+                channel.refuse(fut, stream, error)
+                return None
         job = self._prepare_read(descs, stream) if self._prepare_read is not None else None
-        wait = self._channel.await_completion
+        wait = channel.await_completion
         read = self._server.read if reader is None else reader
         if job is not None:
             return self._after(job, stream, wait, stream, read, descs, fut)

@@ -186,6 +186,11 @@ class Settling:
             return
         self._settle(fut, stream, self._held.mark(), value, None)
 
+    def refuse(self, fut: asyncio.Future[Any], stream: StreamId, error: BaseException) -> None:
+        """Fail the awaited command of ``fut`` without running it (with the errors held
+        for ``stream`` so far first)."""
+        self._settle(fut, stream, self._held.mark(), None, error)
+
     def _resolve(
         self, fut: asyncio.Future[Any], stream: StreamId, mark: int, completion: Completion[Any]
     ) -> None:

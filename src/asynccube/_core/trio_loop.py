@@ -54,7 +54,11 @@ class TrioFuture(asyncio.Future[T]):
     def __await__(self) -> Generator[Any, None, T]:
         if not self.done():
             yield from self._park(cancel=True).__await__()
-        return self.result()
+        if self.cancelled() or self.exception() is None:
+            return self.result()
+        error = self.exception()
+        del self  # the traceback keeps this frame: not the future, which keeps the error
+        raise error  # type: ignore[misc]
 
     __iter__ = __await__
 
