@@ -20,12 +20,19 @@ NATIVE = Extension(
     "asynccube._core.cuda.native._native",
     sources=[
         f"src/asynccube/_core/cuda/native/_native{part}.c"
-        for part in ("", "_launch", "_copies", "_notify", "_fast", "_plan", "_read", "_alloc")
+        for part in (
+            "_module",
+            "",
+            "_launch",
+            "_copies",
+            "_notify",
+            "_fast",
+            "_plan",
+            "_read",
+            "_alloc",
+        )
     ],
-    depends=[
-        "src/asynccube/_core/cuda/native/_native.h",
-        "src/asynccube/_core/cuda/native/_native_fast.h",
-    ],
+    depends=["src/asynccube/_core/cuda/native/_native.h"],
     extra_compile_args=["-O2", "-std=c11", "-Wall", "-fvisibility=hidden"],
     libraries=["dl", "pthread"],
     optional=True,

@@ -201,3 +201,23 @@ def _dims(name: str, shape: Sequence[int]) -> tuple[int, ...]:
 def _is_int(value: object) -> bool:
     """True for ints and numpy integers (not bools)."""
     return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def as_bytes(data: Any) -> bytes | memoryview:
+    """A snapshot of ``data``'s bytes: ``bytes`` as is, anything else copied now."""
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, np.ndarray):
+        if data.dtype.hasobject:
+            raise InvalidArgument(
+                f"data: a numpy array of dtype {data.dtype} holds Python objects, not raw "
+                "data; convert it to a numeric dtype first (e.g. .astype(np.float32))"
+            )
+        return np.ascontiguousarray(data).tobytes()
+    try:
+        view = memoryview(data)
+    except TypeError as exc:
+        raise InvalidArgument(
+            f"expected bytes-like data or a numpy array, got {type(data).__name__}"
+        ) from exc
+    return view.tobytes()

@@ -58,10 +58,10 @@ from .args import (
     _items,
     _whole,
     _write_items,
+    as_bytes,
 )
 from .jobs import JobThread
 from .memory import MemoryOps
-from .tensor import as_bytes
 
 __all__ = ["ClientCore"]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import ctypes
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,10 +38,7 @@ import numpy.typing as npt
 from ..errors import DLPackError, InvalidArgument
 from ..values.stream_id import StreamId
 from .dlpack import Imported, make_capsule, take_capsule
-
-if TYPE_CHECKING:
-    from .commands import ClientCore
-    from .tensor import Tensor
+from .views import TensorClient, TensorView
 
 __all__ = [
     "cuda_array_interface",
@@ -57,9 +54,9 @@ KDL_CPU = 1
 KDL_CUDA = 2
 
 
-def client_of(tensor: Tensor) -> ClientCore:
+def client_of(tensor: TensorView) -> TensorClient:
     """The client a tensor was made by, or InvalidArgument saying how to get one."""
-    ref: weakref.ReferenceType[ClientCore] | None = tensor._client
+    ref: weakref.ReferenceType[TensorClient] | None = tensor._client
     client = ref() if ref is not None else None
     if client is None:
         raise InvalidArgument(
@@ -70,7 +67,7 @@ def client_of(tensor: Tensor) -> ClientCore:
     return client
 
 
-def dlpack_device(tensor: Tensor) -> tuple[int, int]:
+def dlpack_device(tensor: TensorView) -> tuple[int, int]:
     """``(device type, index)`` as DLPack numbers them: kDLCPU 1, kDLCUDA 2."""
     device = client_of(tensor).device
     if device == "host":
@@ -80,7 +77,7 @@ def dlpack_device(tensor: Tensor) -> tuple[int, int]:
 
 
 def export_dlpack(
-    tensor: Tensor,
+    tensor: TensorView,
     stream: Any,
     max_version: Any,
     dl_device: Any,
@@ -105,7 +102,7 @@ def export_dlpack(
     return array.__dlpack__(**kwargs)
 
 
-def cuda_array_interface(tensor: Tensor) -> dict[str, Any]:
+def cuda_array_interface(tensor: TensorView) -> dict[str, Any]:
     """``__cuda_array_interface__`` v3 of a tensor on a CUDA client: its address, and
     as ``stream`` the CUDA stream after whose queued work the data is complete (the
     consumer orders its own work after that stream). AttributeError elsewhere, so that
@@ -133,8 +130,8 @@ def cuda_array_interface(tensor: Tensor) -> dict[str, Any]:
 
 
 def _export_cuda(
-    client: ClientCore,
-    tensor: Tensor,
+    client: TensorClient,
+    tensor: TensorView,
     device: tuple[int, int],
     stream: Any,
     max_version: Any,
@@ -164,7 +161,7 @@ def _export_cuda(
     )  # fmt: skip
 
 
-def _run_queued(client: ClientCore) -> None:
+def _run_queued(client: TensorClient) -> None:
     """Issue every command sent before the export (see the module docstring), or a
     DLPackError saying why that cannot be done without blocking the event loop."""
     why = client._channel.run_queued_inline()
@@ -205,7 +202,7 @@ def _is_version(value: Any) -> bool:
     )
 
 
-def _exported_array(tensor: Tensor, view: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
+def _exported_array(tensor: TensorView, view: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
     """A numpy array over the tensor's bytes whose base (a ctypes buffer over the same
     memory) keeps the tensor's handle, so its buffer, alive while the consumer holds it."""
     needed = tensor.nbytes_spanned()
@@ -251,7 +248,7 @@ def _ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in items)
 
 
-def import_dlpack(client: ClientCore, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+def import_dlpack(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
     """Bind ``obj``'s memory to a new handle without a copy; return the handle, shape
     and dtype. What is bound keeps ``obj`` alive while the memory is in use."""
     client._channel.check()
@@ -267,12 +264,12 @@ def import_dlpack(client: ClientCore, obj: Any) -> tuple[Any, tuple[int, ...], n
     return handle, array.shape, array.dtype
 
 
-def dlpack_kind(client: ClientCore) -> int:
+def dlpack_kind(client: TensorClient) -> int:
     """kDLCUDA for a client on a GPU, else kDLCPU."""
     return KDL_CUDA if client.device.startswith("cuda") else KDL_CPU
 
 
-def _import_cuda(client: ClientCore, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+def _import_cuda(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
     """A CUDA producer's memory: its work ordered before this task's stream (the
     producer is given that stream), then bound to a handle that keeps the consumed
     capsule (and ``obj``) until the device has passed asynccube's last use."""

@@ -23,8 +23,7 @@ from ..values.types import (
     MemoryAllocationMode,
     MemoryUsage,
 )
-from .args import DataLike, _is_int, _same_length
-from .tensor import as_bytes
+from .args import DataLike, _is_int, _same_length, as_bytes
 
 __all__ = ["MemoryOps"]
 

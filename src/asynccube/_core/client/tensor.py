@@ -1,10 +1,10 @@
-"""Numpy-level helpers on top of handles: a typed tensor view and data snapshots."""
+"""A typed tensor view on top of a handle (its DLPack exports are in :mod:`.interop`)."""
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -12,11 +12,9 @@ import numpy.typing as npt
 from ..errors import InvalidArgument
 from ..values.types import Binding, CopyDescriptor, Handle
 from .interop import cuda_array_interface, dlpack_device, export_dlpack
+from .views import TensorClient
 
-if TYPE_CHECKING:
-    from .commands import ClientCore
-
-__all__ = ["Tensor", "as_bytes"]
+__all__ = ["Tensor"]
 
 
 class Tensor:
@@ -41,7 +39,7 @@ class Tensor:
         shape: Sequence[int],
         strides: Sequence[int],
         dtype: npt.DTypeLike,
-        client: ClientCore | None = None,
+        client: TensorClient | None = None,
     ) -> None:
         self._client = None if client is None else weakref.ref(client)
         self.handle = handle
@@ -97,23 +95,3 @@ class Tensor:
     def copy_descriptor(self) -> CopyDescriptor:
         """A copy descriptor with this tensor's shape, strides and element size."""
         return self.handle.copy_descriptor(self.shape, self.strides, self.dtype.itemsize)
-
-
-def as_bytes(data: Any) -> bytes | memoryview:
-    """A snapshot of ``data``'s bytes: ``bytes`` as is, anything else copied now."""
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, np.ndarray):
-        if data.dtype.hasobject:
-            raise InvalidArgument(
-                f"data: a numpy array of dtype {data.dtype} holds Python objects, not raw "
-                "data; convert it to a numeric dtype first (e.g. .astype(np.float32))"
-            )
-        return np.ascontiguousarray(data).tobytes()
-    try:
-        view = memoryview(data)
-    except TypeError as exc:
-        raise InvalidArgument(
-            f"expected bytes-like data or a numpy array, got {type(data).__name__}"
-        ) from exc
-    return view.tobytes()

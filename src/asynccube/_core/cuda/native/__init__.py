@@ -2,5 +2,5 @@
 beside its pure-Python twin (``_twin*.py``), and :mod:`.hotpath`, which picks one at import.
 ``DESIGN.md`` here says which handle each part owns and who frees it.
 
-May import: the foundation and ``values`` only (mechanism, not policy).
+May import: the foundation, ``values`` and :mod:`..driver` only (mechanism, not policy).
 """

@@ -2,7 +2,8 @@
  * and _twin.py for the pure-Python twin with the same behaviour).
  *
  * Built without any CUDA header or toolkit: the few driver types are declared here and
- * the entry points are resolved from libcuda.so.1 by open_driver() (dlopen + dlsym), when
+ * the entry points are resolved from libcuda.so.1 by open_driver() (_native_module.c:
+ * dlopen + dlsym), when
  * a GPU client opens. Mechanism only: every function takes plain integers (handles,
  * addresses) or buffers, returns the driver's CUresult as an int, and never decides
  * order, lifetime or errors. Bad arguments raise InvalidArgument (asynccube's, a
@@ -12,6 +13,8 @@
  * driver (the server passes only its own).
  */
 #include "_native.h"
+
+#include <structmember.h>
 
 CuDriver cu;
 
@@ -96,103 +99,97 @@ int nargs_ok(Py_ssize_t n, Py_ssize_t want, const char *name) {
     return -1;
 }
 
-/* ---------------------------------------------------------------- driver loading */
+/* ---------------------------------------------------------------- attributes by name
+ * What FastLaunch's parts share to read and write Python attributes by interned name
+ * (get() in _native.h is the inline fast path over slot_cache). */
 
-#define RESOLVE(field, name, required)                                         \
-    do {                                                                       \
-        *(void **)(&cu.field) = dlsym(lib, name);                              \
-        if (cu.field == NULL && (required)) {                                  \
-            dlclose(lib);                                                      \
-            memset(&cu, 0, sizeof(cu));                                        \
-            return PyErr_Format(PyExc_OSError, "libcuda.so.1 lacks %s", name); \
-        }                                                                      \
-    } while (0)
-
-static PyObject *open_driver(PyObject *self, PyObject *unused) {
-    if (cu.lib != NULL) Py_RETURN_NONE;
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL) {
-        const char *why = dlerror();
-        return PyErr_Format(PyExc_OSError, "cannot load libcuda.so.1: %s", why ? why : "?");
+PyObject *keep(Refs *r, PyObject *o) {
+    if (o != NULL) {
+        if (r->n == MAX_REFS) {
+            Py_DECREF(o);
+            PyErr_SetString(PyExc_OverflowError, "too many references");
+            return NULL;
+        }
+        r->ref[r->n++] = o;
     }
-    RESOLVE(launch, "cuLaunchKernel", 1);
-    RESOLVE(event_record, "cuEventRecord", 1);
-    RESOLVE(event_query, "cuEventQuery", 1);
-    RESOLVE(wait_event, "cuStreamWaitEvent", 1);
-    RESOLVE(htod, "cuMemcpyHtoDAsync_v2", 1);
-    RESOLVE(dtoh, "cuMemcpyDtoHAsync_v2", 1);
-    RESOLVE(host_func, "cuLaunchHostFunc", 1);
-    RESOLVE(ptr_attrs, "cuPointerGetAttributes", 1);
-    RESOLVE(event_create, "cuEventCreate", 1);
-    RESOLVE(event_destroy, "cuEventDestroy_v2", 1);
-    RESOLVE(ctx_get, "cuCtxGetCurrent", 1);
-    RESOLVE(ctx_set, "cuCtxSetCurrent", 1);
-    RESOLVE(stream_query, "cuStreamQuery", 1);
-    RESOLVE(param_count, "cuFuncGetParamCount", 0);
-    RESOLVE(param_info, "cuFuncGetParamInfo", 0);
-    cu.lib = lib;
-    Py_RETURN_NONE;
+    return o;
 }
 
-static PyObject *driver_open(PyObject *self, PyObject *unused) {
-    return PyBool_FromLong(cu.lib != NULL);
+static const char *name_text[N_COUNT] = {
+    "state", "guard", "_wakeup", "_queue", "_stop", "_batch_end_scheduled", "id", "binding", "x", "y", "z", "buffers", "tensor_maps", "scalars",
+    "metadata", "data", "size", "memory", "queue", "offset_start", "offset_end",
+    "buffer_size", "stream", "value", "function", "shape", "checked", "grid_ok", "cursor",
+    "enabled", "ty", "num", "length", "context", "_held", "ptr", "used", "pool", "done",
+    "_use_persistent", "_alloc_calls", "_next_check", "_limits", "_routes", "popleft", "remove",
+    "_periodic_cleanup", "_tainted"};
+PyObject *attr_names[N_COUNT];
+
+int fast_init_names(void) {
+    for (int i = 0; i < N_COUNT; i++)
+        if ((attr_names[i] = PyUnicode_InternFromString(name_text[i])) == NULL) return -1;
+    return 0;
 }
 
-/* ---------------------------------------------------------------- module */
+SlotCache slot_cache[N_COUNT][2];
 
-static PyMethodDef methods[] = {
-    {"open_driver", open_driver, METH_NOARGS, "Load libcuda.so.1 and resolve the entry points."},
-    {"driver_open", driver_open, METH_NOARGS, "True once open_driver() succeeded."},
-    {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
-     "launch(state, function, gx, gy, gz, bx, by, bz, shared, stream, pointers, scalars, "
-     "metadata, tensor_maps) -> CUresult"},
-    {"event_record", (PyCFunction)(void (*)(void))event_record, METH_FASTCALL,
-     "event_record(event, stream) -> CUresult"},
-    {"event_query", event_query, METH_O, "event_query(event) -> CUresult"},
-    {"stream_query", stream_query, METH_O, "stream_query(stream) -> CUresult"},
-    {"stream_wait_event", (PyCFunction)(void (*)(void))stream_wait_event, METH_FASTCALL,
-     "stream_wait_event(stream, event) -> CUresult"},
-    {"memcpy_async", (PyCFunction)(void (*)(void))memcpy_async, METH_FASTCALL,
-     "memcpy_async(to_device, device, host, nbytes, stream) -> CUresult"},
-    {"notify_close", (PyCFunction)(void (*)(void))notify_close, METH_FASTCALL,
-     "notify_close(stream, fd) -> CUresult"},
-    {"notify_spin", (PyCFunction)(void (*)(void))notify_spin, METH_FASTCALL,
-     "notify_spin(stream, fd, spin_ns) -> CUresult"},
-    {"notify_drain", notify_drain, METH_O, "notify_drain(timeout_s) -> bool"},
-    {"param_sizes", param_sizes, METH_O,
-     "param_sizes(function) -> (CUresult, sizes) or None where the driver cannot say"},
-    {"is_pinned", is_pinned, METH_O, "is_pinned(address) -> bool (page-locked host memory)"},
-    {"address", address, METH_O, "address(buffer) -> int: the address of its first byte"},
-    {"copy_into", (PyCFunction)(void (*)(void))copy_into, METH_FASTCALL,
-     "copy_into(dst, src, threads) -> None"},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_native", "asynccube's compiled CUDA hot path.", -1, methods,
-};
-
-PyMODINIT_FUNC PyInit__native(void) {
-    PyObject *errors = PyImport_ImportModule("asynccube._core.errors");
-    if (errors == NULL) return NULL;
-    InvalidArgument = PyObject_GetAttrString(errors, "InvalidArgument");
-    Py_DECREF(errors);
-    if (InvalidArgument == NULL || PyType_Ready(&PackStateType) < 0 ||
-        PyType_Ready(&FastLaunchType) < 0 || fast_init_names() < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL) return NULL;
-    Py_INCREF(&PackStateType);
-    if (PyModule_AddObject(m, "PackState", (PyObject *)&PackStateType) < 0) {
-        Py_DECREF(&PackStateType);
-        Py_DECREF(m);
-        return NULL;
+Py_ssize_t member_offset(PyTypeObject *t, PyObject *name) {
+    if (t->tp_getattro != PyObject_GenericGetAttr || t->tp_mro == NULL) return -1;
+    PyObject *mro = t->tp_mro;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+        PyObject *dict = ((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_dict;
+        PyObject *d = dict == NULL ? NULL : PyDict_GetItemWithError(dict, name);
+        if (d == NULL) {
+            if (PyErr_Occurred()) PyErr_Clear();
+            continue;
+        }
+        if (Py_TYPE(d) != &PyMemberDescr_Type) return -1;
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        return m->type == T_OBJECT_EX && m->offset > 0 ? m->offset : -1;
     }
-    Py_INCREF(&FastLaunchType);
-    if (PyModule_AddObject(m, "FastLaunch", (PyObject *)&FastLaunchType) < 0) {
-        Py_DECREF(&FastLaunchType);
-        Py_DECREF(m);
+    return -1;
+}
+
+/* The cache entry of `name` for o's type, filled on a miss; NULL for a type without a
+ * valid version tag (then plain getattr / setattr). */
+static SlotCache *slot_entry(PyObject *o, int name) {
+    PyTypeObject *t = Py_TYPE(o);
+    SlotCache *c = slot_cache[name], *e;
+    if (c[0].type == t && c[0].tag == t->tp_version_tag) return &c[0];
+    if (c[1].type == t && c[1].tag == t->tp_version_tag) return &c[1];
+    if (!PyType_HasFeature(t, Py_TPFLAGS_VALID_VERSION_TAG) || t->tp_version_tag == 0)
         return NULL;
+    e = c[0].type == NULL || c[0].type == t ? &c[0] : &c[1];
+    e->type = t; /* borrowed: a type made later at the same address has a new tag */
+    e->tag = t->tp_version_tag;
+    e->offset = member_offset(t, attr_names[name]);
+    return e;
+}
+
+PyObject *get_slow(Refs *r, PyObject *o, int name) {
+    SlotCache *e = slot_entry(o, name); /* c[0] may hold a type without the slot */
+    if (e != NULL && e->offset > 0) {
+        PyObject *v = *(PyObject **)((char *)o + e->offset);
+        if (v != NULL) return v; /* unset: getattr raises */
     }
-    return m;
+    return keep(r, PyObject_GetAttr(o, attr_names[name]));
+}
+
+int set_attr(PyObject *o, int name, PyObject *v) {
+    PyTypeObject *t = Py_TYPE(o);
+    /* a class's own __slots__ member (never read-only), set as its descriptor would */
+    if (PyType_HasFeature(t, Py_TPFLAGS_HEAPTYPE) && t->tp_setattro == PyObject_GenericSetAttr) {
+        SlotCache *e = slot_entry(o, name);
+        if (e != NULL && e->offset > 0) {
+            PyObject **slot = (PyObject **)((char *)o + e->offset);
+            Py_XSETREF(*slot, Py_NewRef(v));
+            return 0;
+        }
+    }
+    return PyObject_SetAttr(o, attr_names[name], v);
+}
+
+int as_long(PyObject *o, long *out) {
+    if (!PyLong_Check(o)) return -1;
+    *out = PyLong_AsLong(o);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }

@@ -16,7 +16,7 @@
  * runs here when it is due, as in reserve. */
 #include <stddef.h>
 
-#include "_native_fast.h"
+#include "_native.h"
 
 #define MAX_RELEASED 16 /* more dropped at once: the route drains them */
 #define MAX_PENDING 64  /* more pending in the manager: the route releases them */

@@ -13,22 +13,7 @@
  * through channel.hold, as the Python route's _execute does. */
 #include <stddef.h>
 
-#include "_native_fast.h"
-
-static const char *name_text[N_COUNT] = {
-    "state", "guard", "_wakeup", "_queue", "_stop", "_batch_end_scheduled", "id", "binding", "x", "y", "z", "buffers", "tensor_maps", "scalars",
-    "metadata", "data", "size", "memory", "queue", "offset_start", "offset_end",
-    "buffer_size", "stream", "value", "function", "shape", "checked", "grid_ok", "cursor",
-    "enabled", "ty", "num", "length", "context", "_held", "ptr", "used", "pool", "done",
-    "_use_persistent", "_alloc_calls", "_next_check", "_limits", "_routes", "popleft", "remove",
-    "_periodic_cleanup", "_tainted"};
-PyObject *attr_names[N_COUNT];
-
-int fast_init_names(void) {
-    for (int i = 0; i < N_COUNT; i++)
-        if ((attr_names[i] = PyUnicode_InternFromString(name_text[i])) == NULL) return -1;
-    return 0;
-}
+#include "_native.h"
 
 static int fast_traverse(FastLaunch *f, visitproc visit, void *arg) {
     for (int i = 0; i < N_OBJ; i++) Py_VISIT(f->obj[i]);

@@ -12,7 +12,7 @@
  * changed and the Python route takes the read. */
 #include <stddef.h>
 
-#include "_native_fast.h"
+#include "_native.h"
 
 #define SPIN_S 30e-6          /* as CompletionWatcher's sync_spin_seconds */
 #define KEEP_SPARE 4          /* as TransferOps._read_small's finish */
