@@ -1,5 +1,5 @@
-"""Build the optional compiled hot path (``asynccube._core.cuda._native``) and slice token
-(``asynccube._core._native_slices``).
+"""Build the optional compiled hot path (``asynccube._core.cuda.native._native``) and slice token
+(``asynccube._core.values._native_slices``).
 
 Everything else is declared in ``pyproject.toml``. The extensions need only a C compiler
 and Python's headers (no CUDA toolkit: the driver is opened at run time). If one cannot be
@@ -17,19 +17,29 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 NATIVE = Extension(
-    "asynccube._core.cuda._native",
+    "asynccube._core.cuda.native._native",
     sources=[
-        f"src/asynccube/_core/cuda/_native{part}.c"
-        for part in ("", "_launch", "_copies", "_notify", "_fast", "_plan", "_read", "_alloc")
+        f"src/asynccube/_core/cuda/native/_native{part}.c"
+        for part in (
+            "_module",
+            "",
+            "_launch",
+            "_copies",
+            "_notify",
+            "_fast",
+            "_plan",
+            "_read",
+            "_alloc",
+        )
     ],
-    depends=["src/asynccube/_core/cuda/_native.h", "src/asynccube/_core/cuda/_native_fast.h"],
+    depends=["src/asynccube/_core/cuda/native/_native.h"],
     extra_compile_args=["-O2", "-std=c11", "-Wall", "-fvisibility=hidden"],
     libraries=["dl", "pthread"],
     optional=True,
 )
 TOKEN = Extension(
-    "asynccube._core._native_slices",
-    sources=["src/asynccube/_core/_native_slices.c"],
+    "asynccube._core.values._native_slices",
+    sources=["src/asynccube/_core/values/_native_slices.c"],
     extra_compile_args=["-O2", "-std=c11", "-Wall", "-fvisibility=hidden"],
     optional=True,
 )

@@ -63,7 +63,7 @@ from asynccube._core.cuda.driver import (  # noqa: E402
     driver_available,
 )
 from asynccube._core.cuda.storage import CudaStorage, PinnedPool  # noqa: E402
-from asynccube._core.kernel import CudaSource  # noqa: E402
+from asynccube._core.values.kernel import CudaSource  # noqa: E402
 
 MiB = 1 << 20
 RESULTS: dict[str, Any] = {}
@@ -171,16 +171,16 @@ class Gpu:
 
 
 def check_abi(g: Gpu) -> None:
-    from asynccube._core.bindings import (
+    from asynccube._core.memory.slice import ReleaseQueue, SliceHandle
+    from asynccube._core.values.bindings import (
         Bindings,
         MetadataBinding,
         TensorMapBinding,
         TensorMapMeta,
         TiledFormat,
     )
-    from asynccube._core.memory.slice import ReleaseQueue, SliceHandle
-    from asynccube._core.stream_id import StreamId
-    from asynccube._core.types import Handle
+    from asynccube._core.values.stream_id import StreamId
+    from asynccube._core.values.types import Handle
 
     def fake_tensor_map(handle: Handle) -> TensorMapBinding:
         meta = TensorMapMeta(TiledFormat((8,)), 1, (64,), (1,), (1,), np.dtype(np.uint8))
@@ -234,7 +234,7 @@ def check_add4(g: Gpu, n: int = 1 << 20) -> tuple[int, int, int]:
     check(d.cuMemcpyHtoD(b, b_host, 4 * n))
     check(d.cuMemsetD8(o, 0xFF, 4 * n))
     packs = abi.ArgPack(abi.Signature(3, 0, [(np.uint32, 1)]))
-    from asynccube._core.bindings import ScalarBinding
+    from asynccube._core.values.bindings import ScalarBinding
 
     params = packs.pack([a, b, o], [ScalarBinding(np.uint32, [n])])
     g.launch("add4", (n + 255) // 256, 256, params)
@@ -247,10 +247,10 @@ def check_add4(g: Gpu, n: int = 1 << 20) -> tuple[int, int, int]:
 
 
 def bench_launch(g: Gpu, bufs: tuple[int, int, int], n: int = 4096, reps: int = 20000) -> None:
-    from asynccube._core.bindings import Bindings
     from asynccube._core.memory.slice import ReleaseQueue, SliceHandle
-    from asynccube._core.stream_id import StreamId
-    from asynccube._core.types import Handle
+    from asynccube._core.values.bindings import Bindings
+    from asynccube._core.values.stream_id import StreamId
+    from asynccube._core.values.types import Handle
 
     d = cu()
     a, b, o = bufs
@@ -465,7 +465,7 @@ def bench_completion(g: Gpu, reps: int = 2000) -> None:
         return med(times) * 1e6
 
     async def main() -> None:
-        from asynccube._core.completion import CompletionWatcher
+        from asynccube._core.channel.completion import CompletionWatcher
 
         watcher = CompletionWatcher(asyncio.get_running_loop())
         out["poll_sleep0"] = await run_mode("poll", await_poll)
@@ -535,7 +535,7 @@ def bench_long_wait(g: Gpu, seconds: float = 1.0) -> None:
         }
 
     async def main() -> None:
-        from asynccube._core.completion import CompletionWatcher
+        from asynccube._core.channel.completion import CompletionWatcher
 
         watcher = CompletionWatcher(asyncio.get_running_loop())
         out["idle_baseline"] = await measure(None)
@@ -665,10 +665,10 @@ def environment(g: Gpu) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     try:
-        from asynccube._core.cuda import hotpath  # type: ignore[attr-defined]
+        from asynccube._core.cuda.native import hotpath
 
         env["hot_path"] = f"{hotpath.ACTIVE} ({hotpath.REASON})"
-        from asynccube._core import slices
+        from asynccube._core.values import slices
 
         env["hot_path"] += f", slice token {getattr(slices, 'TOKEN', 'python')}"
     except ImportError:

@@ -170,7 +170,7 @@ def install_fake() -> None:
 def _server() -> Any:
     from asynccube._core.cuda.driver import DeviceContext
     from asynccube._core.cuda.server import CudaServer
-    from asynccube._core.server import DeviceProperties
+    from asynccube._core.server.protocol import DeviceProperties
 
     extra = {
         "max_grid_dim": (2**31 - 1, 65535, 65535),
@@ -195,7 +195,7 @@ extern "C" __global__ void empty_kernel() {}
 async def measure(which: str, reps: int) -> dict[str, float]:
     """Microseconds per command for each scenario (best of 3 rounds)."""
     import asynccube as ac
-    from asynccube._core.client import ComputeClient
+    from asynccube._core.client.client import ComputeClient
 
     server = _server()
     client = ComputeClient(server, asyncio.get_running_loop())
@@ -288,7 +288,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20000)
     args = parser.parse_args()
     install_fake()
-    from asynccube._core.cuda.hotpath import ACTIVE
+    from asynccube._core.cuda.native.hotpath import ACTIVE
 
     if args.profile:
         prof = cProfile.Profile()

@@ -47,10 +47,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 import asynccube as ac  # noqa: E402
-from asynccube._core.logging import ServerLogger  # noqa: E402
-from asynccube._core.slices import ReleaseQueue, SliceHandle  # noqa: E402
+from asynccube._core.config.logging import ServerLogger  # noqa: E402
 from asynccube._core.stream.multi import MultiStream  # noqa: E402
-from asynccube._core.types import Binding, Handle  # noqa: E402
+from asynccube._core.values.slices import ReleaseQueue, SliceHandle  # noqa: E402
+from asynccube._core.values.types import Binding, Handle  # noqa: E402
 
 TASK_COUNTS = (1, 2, 4)
 

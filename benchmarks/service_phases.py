@@ -35,7 +35,7 @@ def _p(values: list[float], q: float) -> float:
 
 def _record_commands(records: list[dict[str, Any]]) -> None:
     """Time every awaited command of the server's channel (see the module docstring)."""
-    from asynccube._core import channel
+    from asynccube._core.channel import channel
 
     request = channel.Channel.request
 

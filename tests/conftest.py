@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 
 import asynccube as ac
-from asynccube._core.cuda import _twin
+from asynccube._core.cuda.native import _twin
 from asynccube.pytest_plugin import LAG_FAILURE
 
 with warnings.catch_warnings():
@@ -95,7 +95,7 @@ async def host_client() -> AsyncIterator[ac.ComputeClient]:
 def native_module() -> ModuleType | None:
     """The compiled hot path, or None where it is not built."""
     try:
-        return importlib.import_module("asynccube._core.cuda._native")
+        return importlib.import_module("asynccube._core.cuda.native._native")
     except ImportError:
         return None
 

@@ -23,9 +23,9 @@ import bench_overhead
 bench_overhead.install_fake()
 
 import asynccube as ac  # noqa: E402
-from asynccube._core.client import ComputeClient  # noqa: E402
-from asynccube._core.cuda.hotpath import ACTIVE  # noqa: E402
-from asynccube._core.profiling import KernelRecorder, ProfilingLevel  # noqa: E402
+from asynccube._core.client.client import ComputeClient  # noqa: E402
+from asynccube._core.cuda.native.hotpath import ACTIVE  # noqa: E402
+from asynccube._core.profiling.records import KernelRecorder, ProfilingLevel  # noqa: E402
 
 ADD = ac.Kernel("fl_add", cuda=ac.CudaSource(bench_overhead.ADD, "add", (256, 1, 1)))
 EMPTY = ac.Kernel("fl_empty", cuda=ac.CudaSource(bench_overhead.ADD, "empty_kernel", (1, 1, 1)))

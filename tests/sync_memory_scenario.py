@@ -16,8 +16,8 @@ import bench_overhead  # noqa: E402
 
 bench_overhead.install_fake()
 
-from asynccube._core.client import ComputeClient  # noqa: E402
-from asynccube._core.cuda.hotpath import ACTIVE  # noqa: E402
+from asynccube._core.client.client import ComputeClient  # noqa: E402
+from asynccube._core.cuda.native.hotpath import ACTIVE  # noqa: E402
 from tests.sync_storm import storm_then_usage  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import asynccube as ac
-from asynccube._core import backend
+from asynccube._core.channel import backend
 
 
 async def _round_trip() -> bytes:
@@ -76,10 +76,10 @@ async def _library() -> tuple[str | None, str]:
 def test_trio_stays_optional(monkeypatch: pytest.MonkeyPatch) -> None:
     # Importing asynccube and running it under asyncio never imports trio.
     monkeypatch.setitem(sys.modules, "trio", None)  # any import of trio would fail
-    for name in [m for m in sys.modules if m.startswith("asynccube._core.trio")]:
+    for name in [m for m in sys.modules if m.startswith("asynccube._core.channel.trio")]:
         monkeypatch.delitem(sys.modules, name)
     assert anyio.run(_round_trip, backend="asyncio") == b"abcd"
-    assert "asynccube._core.trio_loop" not in sys.modules
+    assert "asynccube._core.channel.trio_loop" not in sys.modules
 
 
 def test_backend_of_an_asyncio_loop_is_asyncio() -> None:

@@ -10,8 +10,8 @@ import pytest
 
 import asynccube as ac
 from asynccube.__main__ import main
-from asynccube._core import demo
-from asynccube._core.devices import probe_gpus
+from asynccube._core.cli import demo
+from asynccube._core.runtime.devices import probe_gpus
 
 SMALL = ["--device", "host", "--tasks", "2", "--elements", "1000", "--rounds", "2"]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-from asynccube._core.config import load_config
+from asynccube._core.config.config import load_config
 
 from .kernels import ADD, add_bindings, blocks
 

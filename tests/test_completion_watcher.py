@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-from asynccube._core.completion import SPIN_BACKOFF, CompletionWatcher
+from asynccube._core.channel.completion import SPIN_BACKOFF, CompletionWatcher
 
 pytestmark = pytest.mark.asyncio
 

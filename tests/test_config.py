@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asynccube._core.config import (
+from asynccube._core.config.config import (
     AsyncCubeConfig,
     AutotuneLevel,
     LogLevel,
@@ -23,7 +23,7 @@ from asynccube._core.config import (
     load_effective_config,
 )
 from asynccube._core.errors import ConfigError
-from asynccube._core.types import ExecutionMode
+from asynccube._core.values.types import ExecutionMode
 
 ENV: dict[str, str] = {"XDG_CACHE_HOME": "/xdg-cache"}
 

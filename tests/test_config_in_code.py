@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-from asynccube._core.config import CODE_SOURCE, load_config, load_effective_config
+from asynccube._core.config.config import CODE_SOURCE, load_config, load_effective_config
 
 from .tune_helpers import SizeKey, three_speeds
 

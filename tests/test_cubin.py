@@ -8,7 +8,7 @@ import pytest
 from asynccube._core.cuda.abi import Signature
 from asynccube._core.cuda.compiler import KernelCompiler
 from asynccube._core.cuda.cubin import kernel_param_sizes
-from asynccube._core.kernel import CudaSource
+from asynccube._core.values.kernel import CudaSource
 
 
 def _compile(body: str, entry: str = "k", arch: str = "sm_90a") -> tuple[bytes, str]:

@@ -7,12 +7,12 @@ import ctypes
 import numpy as np
 import pytest
 
-from asynccube._core.bindings import Bindings, MetadataBinding, ScalarBinding
 from asynccube._core.cuda.abi import TENSOR_MAP_BYTES, ArgPack, ArgPacker, Signature
 from asynccube._core.errors import InvalidArgument
 from asynccube._core.memory.slice import ReleaseQueue, SliceHandle
-from asynccube._core.stream_id import StreamId
-from asynccube._core.types import Handle
+from asynccube._core.values.bindings import Bindings, MetadataBinding, ScalarBinding
+from asynccube._core.values.stream_id import StreamId
+from asynccube._core.values.types import Handle
 
 
 def handles(n: int) -> list[Handle]:

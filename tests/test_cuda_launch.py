@@ -9,20 +9,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asynccube._core.bindings import (
+from asynccube._core.cuda import abi, driver
+from asynccube._core.cuda.compiler import KernelCompiler
+from asynccube._core.cuda.driver import check, cu
+from asynccube._core.memory.slice import ReleaseQueue, SliceHandle
+from asynccube._core.values.bindings import (
     Bindings,
     MetadataBinding,
     TensorMapBinding,
     TensorMapMeta,
     TiledFormat,
 )
-from asynccube._core.cuda import abi, driver
-from asynccube._core.cuda.compiler import KernelCompiler
-from asynccube._core.cuda.driver import check, cu
-from asynccube._core.kernel import CudaSource
-from asynccube._core.memory.slice import ReleaseQueue, SliceHandle
-from asynccube._core.stream_id import StreamId
-from asynccube._core.types import Handle
+from asynccube._core.values.kernel import CudaSource
+from asynccube._core.values.stream_id import StreamId
+from asynccube._core.values.types import Handle
 
 SOURCE = r"""
 #include <asynccube.h>

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 import asynccube as ac
-from asynccube._core.bindings import TensorMapBinding, TensorMapMeta, TiledFormat
+from asynccube._core.values.bindings import TensorMapBinding, TensorMapMeta, TiledFormat
 
 from .kernels import ADD, add_bindings, blocks
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-from asynccube._core.dlpack import live_exports, make_capsule, take_capsule
+from asynccube._core.client.dlpack import live_exports, make_capsule, take_capsule
 
 
 class Owner:

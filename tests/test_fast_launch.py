@@ -88,8 +88,8 @@ def test_set_pointers_takes_a_callable(hot: Any) -> None:
 def test_set_alloc_checks_its_arguments(hot: Any) -> None:
     from collections import deque
 
-    from asynccube._core.slices import SliceHandle
-    from asynccube._core.types import Handle
+    from asynccube._core.values.slices import SliceHandle
+    from asynccube._core.values.types import Handle
 
     fast = hot.FastLaunch(*_args())
     assert fast.empty(1024) is None  # set_alloc not called: the route

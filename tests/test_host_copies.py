@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-from asynccube._core.host.copies import BORROW_BYTES, new_bytes
+from asynccube._core.server.host_copies import BORROW_BYTES, new_bytes
 
 from .kernels import NOOP
 

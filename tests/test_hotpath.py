@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from asynccube._core.cuda import _twin, abi, hotpath
+from asynccube._core.cuda import abi
+from asynccube._core.cuda.native import _twin, hotpath
 from asynccube._core.errors import AsyncCubeError, InvalidArgument
 
 
@@ -51,7 +52,7 @@ def test_choice_is_reported() -> None:
 
 
 def test_environment_switch_forces_the_twin() -> None:
-    code = "from asynccube._core.cuda import hotpath as h; print(h.ACTIVE, h.REASON)"
+    code = "from asynccube._core.cuda.native import hotpath as h; print(h.ACTIVE, h.REASON)"
     env = {**os.environ, "ASYNCCUBE_NO_EXTENSIONS": "1"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True

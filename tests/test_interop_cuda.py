@@ -121,8 +121,8 @@ def _read_after(address: int, n: int, producer: int | None) -> np.ndarray[Any, A
 def _dlpack_to_driver(t: ac.Tensor, n: int) -> np.ndarray[Any, Any]:
     """The raw-driver consumer of a DLPack capsule: its stream is given to the export,
     which makes it wait for asynccube's work on the buffer; then it copies the data."""
+    from asynccube._core.client.dlpack import take_capsule
     from asynccube._core.cuda.driver import check, cu
-    from asynccube._core.dlpack import take_capsule
 
     d = cu()
     out = np.empty(n, np.float32)

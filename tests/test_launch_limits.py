@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-from asynccube._core.launch_limits import HOST_LIMITS, grid_problem
+from asynccube._core.server.launch_limits import HOST_LIMITS, grid_problem
 
 from .kernels import ADD, NOOP, add_bindings
 

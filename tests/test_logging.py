@@ -8,9 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from asynccube._core.config import AsyncCubeConfig, LogLevel
-from asynccube._core.errors import InvalidArgument
-from asynccube._core.logging import (
+from asynccube._core.config.config import AsyncCubeConfig, LogLevel
+from asynccube._core.config.logging import (
     AREAS,
     DISABLED_THRESHOLD,
     PACKAGE_LOGGER,
@@ -18,6 +17,7 @@ from asynccube._core.logging import (
     area_logger,
     record_level,
 )
+from asynccube._core.errors import InvalidArgument
 
 # The levels each area accepts (as in cubecl), most verbose last.
 AREA_LEVELS = {

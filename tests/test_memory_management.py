@@ -18,7 +18,7 @@ from asynccube._core.memory import (
     SlicedPool,
     SliceHandle,
 )
-from asynccube._core.types import MemoryAllocationMode, MemoryUsage
+from asynccube._core.values.types import MemoryAllocationMode, MemoryUsage
 
 from .memory_fakes import FakeStorage
 

@@ -17,7 +17,7 @@ from asynccube._core.memory import (
     SlicedPages,
     SliceHandle,
 )
-from asynccube._core.types import MemoryAllocationMode
+from asynccube._core.values.types import MemoryAllocationMode
 
 from .memory_fakes import FakeStorage
 

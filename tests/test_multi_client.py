@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-from asynccube._core.bindings import Bindings, CubeCount
-from asynccube._core.kernel import Kernel
-from asynccube._core.stream_id import StreamId
-from asynccube._core.types import ExecutionMode
+from asynccube._core.values.bindings import Bindings, CubeCount
+from asynccube._core.values.kernel import Kernel
+from asynccube._core.values.stream_id import StreamId
+from asynccube._core.values.types import ExecutionMode
 
 from .kernels import SCALE, blocks
 

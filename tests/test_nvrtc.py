@@ -10,7 +10,7 @@ import pytest
 from asynccube._core.cuda import compiler
 from asynccube._core.cuda.compiler import KernelCompiler, arch_for, compile_cubin
 from asynccube._core.errors import CompilationError
-from asynccube._core.kernel import CudaSource
+from asynccube._core.values.kernel import CudaSource
 
 try:
     compiler.nvrtc_version()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 import asynccube as ac
-from asynccube._core import devices
 from asynccube._core.cuda import server as cuda_server
 from asynccube._core.errors import CudaDriverError
+from asynccube._core.runtime import devices
 
 pytestmark = pytest.mark.asyncio
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-from asynccube._core.client import ComputeClient
+from asynccube._core.client.client import ComputeClient
 
 from .kernels import ADD, add_bindings, blocks
 

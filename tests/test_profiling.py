@@ -6,17 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from asynccube._core.config import ProfilingConfig, ProfilingLevel
-from asynccube._core.display import profile_summary_html
+from asynccube._core.config.config import ProfilingConfig, ProfilingLevel
 from asynccube._core.errors import InvalidArgument, ProfileError
-from asynccube._core.profiling import (
+from asynccube._core.profiling.display import profile_summary_html
+from asynccube._core.profiling.records import (
     KernelRecord,
     KernelRecorder,
     Profiler,
     ProfileSummary,
     format_ns,
 )
-from asynccube._core.types import ProfileDuration, ProfilingToken, TimingMethod
+from asynccube._core.values.types import ProfileDuration, ProfilingToken, TimingMethod
 
 
 class FakeClock:

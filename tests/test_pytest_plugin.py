@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asynccube._core.devices import probe_gpus
+from asynccube._core.runtime.devices import probe_gpus
 
 pytest_plugins = ["pytester"]
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from asynccube._core.devices import probe_gpus
+from asynccube._core.runtime.devices import probe_gpus
 
 pytest_plugins = ["pytester"]
 

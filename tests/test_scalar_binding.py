@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asynccube as ac
-from asynccube._core.bindings import SCALAR_DTYPES, ScalarBinding, scalar_dtype
+from asynccube._core.values.bindings import SCALAR_DTYPES, ScalarBinding, scalar_dtype
 
 
 def _numpy_bytes(dt: np.dtype[np.generic], values: list[object]) -> bytes:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from asynccube._core import slices
-from asynccube._core.slices import PySliceHandle, ReleaseQueue
+from asynccube._core.values import slices
+from asynccube._core.values.slices import PySliceHandle, ReleaseQueue
 
 
 @pytest.fixture(params=["native", "python"])
@@ -24,13 +24,13 @@ def token(request: pytest.FixtureRequest) -> Any:
     if request.param == "python":
         return PySliceHandle
     try:
-        return importlib.import_module("asynccube._core._native_slices").SliceHandle
+        return importlib.import_module("asynccube._core.values._native_slices").SliceHandle
     except ImportError:
         pytest.skip("the compiled extension is not built here (pip install . builds it)")
 
 
 def test_the_choice_follows_the_environment() -> None:
-    code = "from asynccube._core import slices as s; print(s.TOKEN, s.SliceHandle.__name__)"
+    code = "from asynccube._core.values import slices as s; print(s.TOKEN, s.SliceHandle.__name__)"
     env = {**os.environ, "ASYNCCUBE_NO_EXTENSIONS": "1"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True

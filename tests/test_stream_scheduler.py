@@ -7,17 +7,17 @@ import logging
 
 import pytest
 
-from asynccube._core.config import LogLevel
+from asynccube._core.config.config import LogLevel
+from asynccube._core.config.logging import ServerLogger
 from asynccube._core.errors import InvalidArgument
-from asynccube._core.logging import ServerLogger
-from asynccube._core.slices import ReleaseQueue, SliceHandle
 from asynccube._core.stream.scheduler import (
     SchedulerMultiStream,
     SchedulerMultiStreamOptions,
     SchedulerStrategy,
 )
-from asynccube._core.stream_id import StreamId
-from asynccube._core.types import Binding, Handle
+from asynccube._core.values.slices import ReleaseQueue, SliceHandle
+from asynccube._core.values.stream_id import StreamId
+from asynccube._core.values.types import Binding, Handle
 
 INTERLEAVE = SchedulerStrategy.INTERLEAVE
 SEQUENTIAL = SchedulerStrategy.SEQUENTIAL

@@ -9,15 +9,20 @@ from typing import Any
 
 import pytest
 
-from asynccube._core.display import (
+from asynccube._core.profiling.display import (
     html_table,
     memory_report_html,
     memory_usage_html,
     timeline_html,
 )
-from asynccube._core.profiling import KernelRecord
-from asynccube._core.timeline import Timeline, chrome_trace, device_pid, write_chrome_trace
-from asynccube._core.types import MemoryUsage
+from asynccube._core.profiling.records import KernelRecord
+from asynccube._core.profiling.timeline import (
+    Timeline,
+    chrome_trace,
+    device_pid,
+    write_chrome_trace,
+)
+from asynccube._core.values.types import MemoryUsage
 
 RECORDS = [
     KernelRecord("write", 1, "copy", 1_000, 1_000, 3_000, nbytes=4096),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-from asynccube._core.devices import probe_gpus
+from asynccube._core.runtime.devices import probe_gpus
 
 from .kernels import SCALE, SLOW_FILL, blocks
 

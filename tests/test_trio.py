@@ -356,7 +356,7 @@ class _EventCompletion:
 def test_polled_completions_resolve_under_trio(when: str) -> None:
     # The watcher polls such a completion from its poller task for a short spin, then
     # hands it to a waiter thread: both paths, on the trio loop.
-    from asynccube._core.completion import CompletionWatcher
+    from asynccube._core.channel.completion import CompletionWatcher
 
     async def main() -> tuple[list[str], int]:
         async with ac.open_client("host") as client:

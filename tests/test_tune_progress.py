@@ -11,8 +11,8 @@ import pytest
 from tqdm.auto import tqdm
 
 import asynccube as ac
-from asynccube._core import progress
-from asynccube._core.demo import run_demo
+from asynccube._core.channel import progress
+from asynccube._core.cli.demo import run_demo
 
 from .tune_helpers import three_speeds, tuner
 

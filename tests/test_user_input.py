@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-from asynccube._core import demo
+from asynccube._core.cli import demo
 
 from .kernels import ADD, add_bindings
 from .tune_helpers import SizeKey, size_key

@@ -14,22 +14,9 @@ host server.
 
 from __future__ import annotations
 
-from ._core.bindings import (
-    SCALAR_DTYPES,
-    Bindings,
-    CubeCount,
-    Im2colFormat,
-    MetadataBinding,
-    OobFill,
-    ScalarBinding,
-    TensorMapBinding,
-    TensorMapInterleave,
-    TensorMapMeta,
-    TensorMapPrefetch,
-    TensorMapSwizzle,
-    TiledFormat,
-)
-from ._core.client import ComputeClient
+from ._core.client.client import ComputeClient
+from ._core.client.graph import Graph
+from ._core.client.tensor import Tensor
 from ._core.errors import (
     AsyncCubeError,
     AutotuneCheckError,
@@ -58,16 +45,12 @@ from ._core.errors import (
     UnsupportedIoOperation,
     UnsupportedStrides,
 )
-from ._core.graph import Graph
 from ._core.host.server import HostServer
-from ._core.kernel import CudaSource, HostLaunch, Kernel
 from ._core.memory import MemoryReport, PoolReport
-from ._core.open import connect, open_client
-from ._core.profiling import KernelRecord, ProfileStats, ProfileSummary
-from ._core.server import BindingResource, Completion, ComputeServer, DeviceProperties
-from ._core.stream_id import StreamId
-from ._core.tensor import Tensor
-from ._core.timeline import Timeline
+from ._core.profiling.records import KernelRecord, ProfileStats, ProfileSummary
+from ._core.profiling.timeline import Timeline
+from ._core.runtime.open import connect, open_client
+from ._core.server.protocol import BindingResource, Completion, ComputeServer, DeviceProperties
 from ._core.tune import (
     AutotuneKey,
     AutotuneOutcome,
@@ -82,7 +65,24 @@ from ._core.tune import (
     TuneResult,
     anchor,
 )
-from ._core.types import (
+from ._core.values.bindings import (
+    SCALAR_DTYPES,
+    Bindings,
+    CubeCount,
+    Im2colFormat,
+    MetadataBinding,
+    OobFill,
+    ScalarBinding,
+    TensorMapBinding,
+    TensorMapInterleave,
+    TensorMapMeta,
+    TensorMapPrefetch,
+    TensorMapSwizzle,
+    TiledFormat,
+)
+from ._core.values.kernel import CudaSource, HostLaunch, Kernel
+from ._core.values.stream_id import StreamId
+from ._core.values.types import (
     Allocation,
     AllocationDescriptor,
     AllocationKind,

@@ -42,8 +42,8 @@ def _at_least_one(text: str) -> int:
 
 
 def _device(text: str) -> str:
-    from ._core.devices import parse_device
     from ._core.errors import InvalidArgument
+    from ._core.runtime.devices import parse_device
 
     try:
         parse_device(text)
@@ -54,7 +54,7 @@ def _device(text: str) -> str:
 
 def _check_demo(args: argparse.Namespace) -> None:
     """The demo's bounds (each count, and their memory together), as a parser error."""
-    from ._core.demo import check_demo_args
+    from ._core.cli.demo import check_demo_args
     from ._core.errors import InvalidArgument
 
     try:
@@ -64,7 +64,7 @@ def _check_demo(args: argparse.Namespace) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ._core.demo import format_report, run_demo
+    from ._core.cli.demo import format_report, run_demo
 
     report = asyncio.run(run_demo(args.device, args.tasks, args.elements, args.rounds))
     print(format_report(report))
@@ -72,7 +72,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from ._core.devices import probe_gpus
+    from ._core.runtime.devices import probe_gpus
 
     probe = probe_gpus()
     if args.json:
@@ -131,8 +131,8 @@ def _nvrtc_version() -> str:
 
 
 def _hot_path() -> str:
-    from ._core import slices
-    from ._core.cuda import hotpath
+    from ._core.cuda.native import hotpath
+    from ._core.values import slices
 
     kind = "compiled (C extension)" if hotpath.ACTIVE == "native" else "pure Python"
     token = "compiled" if slices.TOKEN == "native" else "pure Python"
@@ -140,7 +140,7 @@ def _hot_path() -> str:
 
 
 def _config(args: argparse.Namespace) -> int:
-    from ._core.config import format_config, load_effective_config
+    from ._core.config.config import format_config, load_effective_config
     from ._core.errors import ConfigError
 
     try:

@@ -1,4 +1,4 @@
-"""The kernel argument ABI: how :class:`~asynccube._core.types.Bindings` become the
+"""The kernel argument ABI: how :class:`~asynccube._core.values.types.Bindings` become the
 parameters of a CUDA kernel.
 
 A kernel launched with ``bindings`` takes, in this order:
@@ -33,9 +33,9 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from ..bindings import SCALAR_DTYPES, Bindings, ScalarBinding
 from ..errors import InvalidArgument
-from .hotpath import hot
+from ..values.bindings import SCALAR_DTYPES, Bindings, ScalarBinding
+from .native.hotpath import hot
 
 __all__ = [
     "C_TYPES",

@@ -1,4 +1,4 @@
-"""NVRTC compilation of :class:`~asynccube._core.kernel.CudaSource` to a cubin.
+"""NVRTC compilation of :class:`~asynccube._core.values.kernel.CudaSource` to a cubin.
 
 Always a cubin for the device's exact architecture (``sm_90a`` on Hopper), never PTX:
 PTX made by an NVRTC newer than the driver cannot be loaded by it, while a cubin can.
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..errors import CompilationError
-from ..kernel import CudaSource
+from ..values.kernel import CudaSource
 from .abi import PRELUDE
 from .arch import arch_for
 

@@ -37,9 +37,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, TypeVar
 
-from ..backend import running_loop
+from ..channel.backend import running_loop
 from .driver import check, cu, error_from, set_current
-from .hotpath import hot
+from .native.hotpath import hot
 
 __all__ = ["CudaCompletion", "EventPool", "HostFuncNotifier"]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .driver import check, cu, error_from
-from .hotpath import hot
+from .native.hotpath import hot
 
 __all__ = ["CopyPlan", "issue_copy", "plan_copy"]
 

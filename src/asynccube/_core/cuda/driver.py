@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..errors import CudaDriverError, DeviceError
-from ..server import DeviceProperties
+from ..server.protocol import DeviceProperties
 from .arch import arch_for
 
 __all__ = [

@@ -64,21 +64,20 @@ import asyncio
 import functools
 from typing import TYPE_CHECKING, Any
 
-from .. import stream_id
-from ..bindings import Bindings, CubeCount
-from ..kernel import Kernel
-from ..slices import SliceHandle
-from ..stream_id import StreamId
-from ..types import Binding, ExecutionMode, Handle
+from ..values import stream_id
+from ..values.bindings import Bindings, CubeCount
+from ..values.kernel import Kernel
+from ..values.slices import SliceHandle
+from ..values.stream_id import StreamId
+from ..values.types import Binding, ExecutionMode, Handle
 from . import driver
 from .driver import error_from
-from .hotpath import hot
+from .native.hotpath import hot
 from .storage import PinnedBuffer
-from .transfers import SMALL_READ
+from .transfers import SMALL_READ, TransferOps
 
 if TYPE_CHECKING:
-    from ..channel import Channel
-    from .server import CudaServer
+    from ..channel.channel import Channel
 
 __all__ = ["FastLaunch", "fast_launch"]
 
@@ -86,9 +85,9 @@ FastLaunch = Any
 """``hot.FastLaunch``: callable as ``fast(kernel, count, bindings, mode) -> bool``."""
 
 
-def fast_launch(server: CudaServer, channel: Channel) -> FastLaunch:
+def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
     """The ``FastLaunch`` of ``server`` driven through ``channel``."""
-    from ..channel import State
+    from ..channel.channel import State
 
     loop = channel.loop
     on_loop: Any
@@ -122,7 +121,7 @@ def fast_launch(server: CudaServer, channel: Channel) -> FastLaunch:
 
 
 def _read_later(
-    server: CudaServer,
+    server: TransferOps,
     channel: Channel,
     sid: StreamId,
     cu_stream: Any,

@@ -24,13 +24,13 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Final
 
-from ..completion import others_ready
+from ..channel.completion import others_ready
 from . import driver
-from .hotpath import hot
+from .native.hotpath import hot
 
 if TYPE_CHECKING:
-    from ..channel import Channel
-    from .server import CudaServer
+    from ..channel.channel import Channel
+    from .state import ServerCore
 
 __all__ = ["FastSync", "settle_none"]
 
@@ -56,8 +56,8 @@ class FastSync:
     __slots__ = ("_channel", "_context", "_new_future", "_on_loop", "_open", "_server",
                  "declined", "hits")  # fmt: skip
 
-    def __init__(self, server: CudaServer, channel: Channel) -> None:
-        from ..channel import State
+    def __init__(self, server: ServerCore, channel: Channel) -> None:
+        from ..channel.channel import State
 
         self._server = server
         self._channel = channel

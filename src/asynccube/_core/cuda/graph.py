@@ -26,14 +26,14 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..bindings import Bindings, CubeCount
-from ..capture import CapturedLaunch, NoNewPages, guarded_create, refuse_dynamic
 from ..errors import CudaDriverError, GraphCaptureError, GraphUpdateError
-from ..kernel import Kernel
-from ..profiling import KernelRecorder
-from ..server import BytesLike
-from ..stream_id import StreamId
-from ..types import Binding, CopyDescriptor, ExecutionMode
+from ..profiling.records import KernelRecorder
+from ..server.capture import CapturedLaunch, NoNewPages, guarded_create, refuse_dynamic
+from ..server.protocol import BytesLike
+from ..values.bindings import Bindings, CubeCount
+from ..values.kernel import Kernel
+from ..values.stream_id import StreamId
+from ..values.types import Binding, CopyDescriptor, ExecutionMode
 from .driver import check, cu
 
 if TYPE_CHECKING:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import DLPackError
-from ..stream_id import StreamId
-from ..types import Binding, Handle
+from ..values.stream_id import StreamId
+from ..values.types import Binding, Handle
 from .driver import check, cu
 from .state import ServerCore
 
@@ -15,7 +15,7 @@ __all__ = ["InteropOps"]
 
 
 class InteropOps(ServerCore):
-    """Export hooks used by :mod:`asynccube._core.interop`."""
+    """Export hooks used by :mod:`asynccube._core.client.interop`."""
 
     def export_pointer(self, binding: Binding, stream: StreamId) -> tuple[int, int]:
         """The device address of ``binding`` and the raw handle of the CUDA stream

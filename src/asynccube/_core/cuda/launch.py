@@ -10,16 +10,16 @@ import struct
 from collections.abc import Callable, Container
 from typing import Any, Final
 
-from ..bindings import Bindings, CubeCount
 from ..errors import InvalidArgument
-from ..kernel import CudaSource, Kernel
-from ..launch_limits import LaunchLimits, block_problem, grid_problem
-from ..stream_id import StreamId
-from ..types import ExecutionMode
+from ..server.launch_limits import LaunchLimits, block_problem, grid_problem
+from ..values.bindings import Bindings, CubeCount
+from ..values.kernel import CudaSource, Kernel
+from ..values.stream_id import StreamId
+from ..values.types import ExecutionMode
 from .abi import ArgPack
 from .cubin import kernel_param_sizes
 from .driver import check, cu, error_from
-from .hotpath import hot
+from .native.hotpath import hot
 from .state import LoadedKernel
 from .timing import ProfileOps
 from .tma import encode_tensor_map

@@ -14,10 +14,10 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
-from ..stream_id import StreamId
-from ..types import Binding, Handle
+from ..values.stream_id import StreamId
+from ..values.types import Binding, Handle
 from .driver import check, cu, error_from, set_current
-from .hotpath import hot
+from .native.hotpath import hot
 
 if TYPE_CHECKING:
     from .server import CudaServer

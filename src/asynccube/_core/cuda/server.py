@@ -36,28 +36,28 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
-from ..backend import run_blocking
+from ..channel.backend import run_blocking
+from ..channel.held import HeldErrors
+from ..config.logging import ServerLogger
 from ..errors import CudaDriverError, DeviceError
-from ..held import HeldErrors
-from ..logging import ServerLogger
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
 from ..memory.slice import SliceHandle
 from ..memory.table import SliceTable
-from ..profiling import KernelRecorder
-from ..server import DeviceProperties
+from ..profiling.records import KernelRecorder
+from ..server.protocol import DeviceProperties
 from ..stream.multi import MultiStream
-from ..stream_id import StreamId
-from ..types import MemoryAllocationMode, MemoryUsage
+from ..values.stream_id import StreamId
+from ..values.types import MemoryAllocationMode, MemoryUsage
 from .abi import ArgPacker
 from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier
 from .driver import DeviceContext, check, cu, device_properties, set_current
 from .fast import fast_launch
 from .fast_sync import FastSync
-from .hotpath import hot
 from .interop import InteropOps
 from .launch import WARM_KERNEL, LaunchOps
 from .lifecycle import LifecycleOps
+from .native.hotpath import hot
 from .state import LoadedKernel
 from .storage import CudaStorage, PinnedBuffer, PinnedPool
 from .streams import CudaBackend, Retirer
@@ -65,7 +65,7 @@ from .timing import TimedOp
 from .transfers import ZERO_COPY_READ, TransferOps
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ..server.settings import Settings
 
 __all__ = ["CudaBackend", "CudaServer", "LoadedKernel", "Retirer", "open_cuda_server"]
 

@@ -16,16 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ..channel.held import HeldErrors
 from ..errors import OutOfMemory
-from ..held import HeldErrors
-from ..kernel import CudaSource
 from ..memory import MemoryManagement
 from ..memory.slice import SliceHandle
-from ..profiling import KernelRecorder
-from ..server import DeviceProperties
-from ..slice_server import SliceServer
-from ..stream_id import StreamId
-from ..types import Binding
+from ..profiling.records import KernelRecorder
+from ..server.handles import SliceServer
+from ..server.protocol import DeviceProperties
+from ..values.kernel import CudaSource
+from ..values.stream_id import StreamId
+from ..values.types import Binding
 from .abi import ArgPacker
 from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier

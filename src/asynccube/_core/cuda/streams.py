@@ -10,7 +10,7 @@ from typing import Any
 
 from .completion import EventPool
 from .driver import check, cu, error_from
-from .hotpath import hot
+from .native.hotpath import hot
 
 __all__ = ["CudaBackend", "Retirer"]
 

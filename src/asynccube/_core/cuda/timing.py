@@ -1,5 +1,5 @@
 """Profiling on the CUDA server: kernels and copies timed by CUDA events around them
-(a :class:`~asynccube._core.profiling.KernelRecorder`), and device-timed profiles
+(a :class:`~asynccube._core.profiling.records.KernelRecorder`), and device-timed profiles
 (``start_profile``/``end_profile``) against an epoch event recorded when the server opened.
 """
 
@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ProfileError
-from ..profiling import KernelRecord, RecordKind
-from ..stream_id import StreamId
-from ..types import ProfileDuration, ProfilingToken, TimingMethod
+from ..profiling.records import KernelRecord, RecordKind
+from ..values.stream_id import StreamId
+from ..values.types import ProfileDuration, ProfilingToken, TimingMethod
 from .completion import CudaCompletion
 from .driver import check, cu
-from .hotpath import hot
+from .native.hotpath import hot
 from .state import ServerCore
 
 __all__ = ["ProfileOps", "TimedOp"]

@@ -14,8 +14,8 @@ from typing import Any, Final
 
 import numpy as np
 
-from ..bindings import Im2colFormat, OobFill, TensorMapMeta, TiledFormat
 from ..errors import InvalidArgument
+from ..values.bindings import Im2colFormat, OobFill, TensorMapMeta, TiledFormat
 from .abi import TENSOR_MAP_BYTES
 from .driver import check, cu
 

@@ -10,14 +10,14 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from ..host.layout import check_copy
-from ..server import BindingResource, BytesLike
-from ..stream_id import StreamId
-from ..types import Binding, CopyDescriptor
+from ..server.layout import check_copy
+from ..server.protocol import BindingResource, BytesLike
+from ..values.stream_id import StreamId
+from ..values.types import Binding, CopyDescriptor
 from .completion import CudaCompletion
 from .copies import CopyPlan, issue_copy, plan_copy
 from .driver import error_from
-from .hotpath import hot
+from .native.hotpath import hot
 from .storage import PinnedBuffer, PinnedPool
 from .timing import ProfileOps
 

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..bindings import Bindings, CubeCount
-from ..capture import CapturedLaunch, NoNewPages, guarded_create, refuse_dynamic
-from ..kernel import Kernel
-from ..server import BytesLike
-from ..stream_id import StreamId
-from ..types import CopyDescriptor, ExecutionMode
-from .copies import dense, source_nbytes
-from .layout import check_copy
+from ..server.capture import CapturedLaunch, NoNewPages, guarded_create, refuse_dynamic
+from ..server.host_copies import dense, source_nbytes
+from ..server.layout import check_copy
+from ..server.protocol import BytesLike
+from ..values.bindings import Bindings, CubeCount
+from ..values.kernel import Kernel
+from ..values.stream_id import StreamId
+from ..values.types import CopyDescriptor, ExecutionMode
 
 if TYPE_CHECKING:
     from .server import HostServer

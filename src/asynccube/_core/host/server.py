@@ -18,24 +18,25 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from ..bindings import Bindings, CubeCount
+from ..channel.held import HeldErrors
+from ..config.logging import ServerLogger
 from ..errors import DLPackError, InvalidArgument, InvalidHandle, ProfileError
-from ..held import HeldErrors
-from ..interop_wait import EXPORT_WAIT_SECONDS, wait_briefly
-from ..kernel import HostLaunch, Kernel, LaunchGuard, launch_maps, launch_views
-from ..launch_limits import HOST_LIMITS, check_launch
-from ..logging import ServerLogger
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
 from ..memory.config import with_host_limit
 from ..memory.slice import SliceHandle
 from ..memory.storage import BytesStorage
 from ..memory.table import SliceTable
-from ..profiling import KernelRecord, KernelRecorder
-from ..server import BindingResource, BytesLike, DeviceProperties
-from ..slice_server import SliceServer
+from ..profiling.records import KernelRecord, KernelRecorder
+from ..server.handles import SliceServer
+from ..server.host_copies import borrow, dense, source_nbytes
+from ..server.launch_limits import HOST_LIMITS, check_launch
+from ..server.layout import check_copy, gather, gather_array, scatter
+from ..server.protocol import BindingResource, BytesLike, DeviceProperties
 from ..stream.multi import MultiStream
-from ..stream_id import StreamId
-from ..types import (
+from ..values.bindings import Bindings, CubeCount
+from ..values.kernel import HostLaunch, Kernel, LaunchGuard, launch_maps, launch_views
+from ..values.stream_id import StreamId
+from ..values.types import (
     Binding,
     CopyDescriptor,
     ExecutionMode,
@@ -46,8 +47,7 @@ from ..types import (
     ProfilingToken,
     TimingMethod,
 )
-from .copies import borrow, dense, source_nbytes
-from .layout import check_copy, gather, gather_array, scatter
+from .interop_wait import EXPORT_WAIT_SECONDS, wait_briefly
 from .tasks import CloseState, completing, guarded, read_count, recorded
 from .worker import HostBackend, HostCompletion, HostStream
 

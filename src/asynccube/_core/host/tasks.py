@@ -15,10 +15,10 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from ..channel.held import HeldErrors
 from ..errors import AsyncCubeError, ExecutionError
-from ..held import HeldErrors
-from ..profiling import KernelRecorder, RecordKind
-from ..stream_id import StreamId
+from ..profiling.records import KernelRecorder, RecordKind
+from ..values.stream_id import StreamId
 from .worker import HostCompletion
 
 __all__ = ["CloseState", "completing", "failed", "guarded", "read_count", "recorded"]

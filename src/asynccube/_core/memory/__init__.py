@@ -2,6 +2,8 @@
 
 See :mod:`.management` for the handle lifetime, the cross-stream safety argument and the
 one-manager-per-server policy.
+
+May import: the foundation and ``values`` only.
 """
 
 from .config import (

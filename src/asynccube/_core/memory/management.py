@@ -66,7 +66,7 @@ from contextlib import contextmanager
 from typing import Final, Generic, TypeVar
 
 from ..errors import BufferTooBig, InvalidArgument, InvalidHandle, OutOfMemory
-from ..types import MemoryAllocationMode, MemoryUsage
+from ..values.types import MemoryAllocationMode, MemoryUsage
 from .config import DEFAULT_MAX_ALLOCATION, MemoryConfig
 from .pools import PersistentPool, Pool, Slice
 from .report import MemoryReport

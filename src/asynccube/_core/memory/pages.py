@@ -7,15 +7,22 @@ import itertools
 from bisect import bisect_left, insort
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
-from ..types import MemoryUsage
+from ..values.types import MemoryUsage
 from .storage import ComputeStorage, StorageHandle
 
-if TYPE_CHECKING:
-    from .pools import Pool
-
-__all__ = ["DEAD", "FREE", "NO_LIMIT", "Page", "PoolBase", "PoolReport", "Slice", "SliceBuckets"]
+__all__ = [
+    "DEAD",
+    "FREE",
+    "NO_LIMIT",
+    "OwningPool",
+    "Page",
+    "PoolBase",
+    "PoolReport",
+    "Slice",
+    "SliceBuckets",
+]
 
 FREE: Final = -1
 """``Slice.used`` of a free slice."""
@@ -23,6 +30,13 @@ DEAD: Final = -2
 """``Slice.used`` of a slice merged into its neighbour or whose page was released."""
 NO_LIMIT: Final = 1 << 62
 """A best-fit limit that accepts any larger slice."""
+
+
+class OwningPool(Protocol):
+    """The pool a slice belongs to, as the slice's holders see it (any of :mod:`.pools`)."""
+
+    def release(self, sl: Slice) -> None:
+        """Take the live slice ``sl`` back (free it in its pool)."""
 
 
 class Page:
@@ -48,7 +62,9 @@ class Slice:
 
     __slots__ = ("id", "next", "offset", "page", "pool", "prev", "size", "used")
 
-    def __init__(self, sid: int, pool: Pool, page: Page, offset: int, size: int, used: int) -> None:
+    def __init__(
+        self, sid: int, pool: OwningPool, page: Page, offset: int, size: int, used: int
+    ) -> None:
         self.id = sid
         self.pool = pool
         self.page = page

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..html import memory_report_html
-from ..types import MemoryUsage
+from ..values.types import MemoryUsage
 from .pools import PoolReport
 
 __all__ = ["MemoryReport"]

@@ -3,6 +3,6 @@ that value types can use them without importing the memory manager)."""
 
 from __future__ import annotations
 
-from ..slices import ReleaseQueue, SliceHandle
+from ..values.slices import ReleaseQueue, SliceHandle
 
 __all__ = ["ReleaseQueue", "SliceHandle"]

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from ..errors import InvalidHandle
-from ..slices import ReleaseQueue, SliceHandle
-from ..stream_id import StreamId
-from ..types import Binding, Handle
+from ..values.slices import ReleaseQueue, SliceHandle
+from ..values.stream_id import StreamId
+from ..values.types import Binding, Handle
 
 __all__ = ["SliceTable"]
 

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from ..config import LogLevel
-from ..logging import ServerLogger
-from ..stream_id import StreamId
-from ..types import Binding
+from ..config.config import LogLevel
+from ..config.logging import ServerLogger
+from ..values.stream_id import StreamId
+from ..values.types import Binding
 from .pool import StreamPool
 
 __all__ = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Generic, Protocol, TypeVar
 
 from ..errors import InvalidArgument
-from ..stream_id import StreamId
+from ..values.stream_id import StreamId
 
 __all__ = ["StreamFactory", "StreamPool"]
 

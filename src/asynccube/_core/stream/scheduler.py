@@ -26,11 +26,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from ..config import LogLevel
+from ..config.config import LogLevel
+from ..config.logging import ServerLogger
 from ..errors import InvalidArgument
-from ..logging import ServerLogger
-from ..stream_id import StreamId
-from ..types import Binding
+from ..values.stream_id import StreamId
+from ..values.types import Binding
 from .pool import StreamFactory, StreamPool
 
 __all__ = [

@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ..client import ComputeClient
-from ..devices import GpuProbe, parse_device, probe_gpus
+from ..client.client import ComputeClient
 from ..errors import InvalidArgument
-from ..open import connect
+from ..runtime.devices import GpuProbe, parse_device, probe_gpus
+from ..runtime.open import connect
 
 __all__ = ["device_list", "gpu_probe", "open_checked"]
 

@@ -1,5 +1,8 @@
 """Autotune: pick and remember the fastest implementation per key and device (cubecl's
-``tune`` module)."""
+``tune`` module).
+
+May import: everything up to ``client``.
+"""
 
 from __future__ import annotations
 

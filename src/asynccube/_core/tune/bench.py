@@ -8,14 +8,14 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, Final
 
-from ..backend import to_thread
+from ..channel.backend import to_thread
+from ..config.logging import area_logger
 from ..errors import AsyncCubeError
-from ..logging import area_logger
 from .cache import AutotuneOutcome
 from .tunable import Tunable
 
 if TYPE_CHECKING:
-    from ..client import ComputeClient
+    from ..client.client import ComputeClient
 
 __all__ = ["SAMPLES_BY_LEVEL", "benchmark", "configured_samples", "from_code"]
 
@@ -80,7 +80,7 @@ def from_code(client: ComputeClient, key: str) -> Any:
 
 def configured_samples() -> int:
     """Samples per tunable from ``[autotune] level`` (blocking: reads the configuration)."""
-    from ..config import load_config
+    from ..config.config import load_config
 
     try:
         level = load_config().autotune.level

@@ -28,9 +28,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from ..backend import running_loop, shield, to_thread
+from ..channel.backend import running_loop, shield, to_thread
+from ..config.logging import area_logger
 from ..errors import AutotuneError, ConfigError
-from ..logging import area_logger
 from ..version import __version__
 from .key import AutotuneKey
 from .outcome import AutotuneOutcome, TuneResult
@@ -38,7 +38,7 @@ from .store import _merge_entry as _merge_entry
 from .store import _read_entries as _read_entries
 
 if TYPE_CHECKING:
-    from ..client import ComputeClient
+    from ..client.client import ComputeClient
 
 __all__ = ["AutotuneOutcome", "TuneCache", "TuneResult", "device_fingerprint"]
 
@@ -64,7 +64,7 @@ def device_fingerprint(client: ComputeClient) -> str:
 
 def _config_cache() -> tuple[bool, Path]:
     """``[autotune] cache`` and ``cache_dir`` from the configuration (blocking)."""
-    from ..config import default_cache_dir, load_config
+    from ..config.config import default_cache_dir, load_config
 
     try:
         cfg = load_config().autotune

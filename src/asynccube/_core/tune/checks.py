@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from ..client.tensor import Tensor
 from ..errors import InvalidArgument
-from ..tensor import Tensor
-from ..types import Binding, Handle
+from ..values.types import Binding, Handle
 from .key import AutotuneKey
 from .tunable import TunableSet
 
 if TYPE_CHECKING:
-    from ..client import ComputeClient
+    from ..client.client import ComputeClient
 
 __all__ = ["CheckMismatch", "CheckReport", "TuneChecks", "run_checks"]
 

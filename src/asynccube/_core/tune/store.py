@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
-from ..logging import area_logger
+from ..config.logging import area_logger
 from ..version import __version__
 
 fcntl: Any

@@ -21,7 +21,7 @@ from ..errors import InvalidArgument
 from .key import AutotuneKey
 
 if TYPE_CHECKING:
-    from ..client import ComputeClient
+    from ..client.client import ComputeClient
 
 __all__ = ["Tunable", "TunableSet"]
 

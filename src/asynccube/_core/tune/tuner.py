@@ -23,10 +23,10 @@ import os
 import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..backend import running_loop, shield, wait_all
+from ..channel.backend import running_loop, shield, wait_all
+from ..channel.progress import open_progress
+from ..config.logging import area_logger
 from ..errors import AutotuneCheckError, AutotuneError, InvalidArgument
-from ..logging import area_logger
-from ..progress import open_progress
 from .bench import SAMPLES_BY_LEVEL, benchmark, configured_samples, from_code
 from .cache import AutotuneOutcome, TuneCache, TuneResult, device_fingerprint
 from .checks import CheckReport, TuneChecks, run_checks
@@ -34,7 +34,7 @@ from .key import AutotuneKey
 from .tunable import Tunable, TunableSet
 
 if TYPE_CHECKING:
-    from ..client import ComputeClient
+    from ..client.client import ComputeClient
 
 __all__ = ["SAMPLES_BY_LEVEL", "TuneMode", "Tuner", "configured_samples"]
 

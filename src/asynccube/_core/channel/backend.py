@@ -1,0 +1,208 @@
+"""Which async library a client runs under, and the few things the core needs from it.
+
+A client runs on asyncio (uvloop included: it is an asyncio loop) or on trio (directly
+or through anyio). The running library is detected with sniffio (as anyio and httpcore
+do) when a client opens, and one :class:`Backend` is chosen for it then, as httpcore
+injects its network backend: the channel, the completion watcher and the job thread
+drive a *loop* (``create_future``, ``call_soon``, ``call_soon_threadsafe``,
+``call_later``, ``add_reader``, ``create_task``) and await a few helpers (a checkpoint,
+waiting for a future, shielding one, a blocking job in a thread).
+
+* asyncio: the loop is the running asyncio loop itself, so the asyncio path is the code
+  as it always was (nothing is wrapped, nothing added per command).
+* trio: the loop is an adapter (:mod:`.trio_loop`, imported only under trio) whose
+  futures are asyncio futures that trio tasks can await, and whose callbacks run in one
+  trio system task.
+
+Outside any event loop, or under another library (curio), :class:`UnsupportedBackend`
+says what is needed, instead of a bare ``RuntimeError`` from deep inside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from types import ModuleType
+from typing import Any, Protocol, TypeVar
+
+from ..errors import UnsupportedBackend
+
+_sniffio: ModuleType | None
+try:
+    import sniffio as _sniffio
+except ImportError:  # a declared dependency, but a bare environment (PYTHONPATH=src) may
+    _sniffio = None  # lack it: detect asyncio and trio directly then
+
+__all__ = [
+    "SUPPORTED",
+    "AsyncioBackend",
+    "Backend",
+    "backend_of",
+    "current_backend",
+    "current_library",
+    "run_blocking",
+    "running_loop",
+    "shield",
+    "to_thread",
+    "wait_all",
+]
+
+T = TypeVar("T")
+
+SUPPORTED = ("asyncio", "trio")
+"""The async libraries a client runs on."""
+
+
+class Backend(Protocol):
+    """What the core needs from an async library, chosen once when a client opens."""
+
+    name: str
+    """``"asyncio"`` or ``"trio"``."""
+    cancelled: tuple[type[BaseException], ...]
+    """The exceptions that mean "this task was cancelled" (they must propagate)."""
+    thread_hint: str
+    """How to reach the client from another thread (for LoopMismatchError)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the channel drives: the asyncio loop, or trio's adapter."""
+        ...
+
+    def on_loop(self) -> bool:
+        """True when called from a task of this loop (asked only when asyncio's running
+        loop is not :attr:`loop`)."""
+        ...
+
+    def checkpoint(self) -> Awaitable[None]:
+        """Yield to the loop once."""
+        ...
+
+    async def wait(self, fut: asyncio.Future[Any], within: float | None = None) -> None:
+        """Wait until ``fut`` is done (or ``within`` seconds passed); never cancels it."""
+        ...
+
+    async def shield(self, fut: asyncio.Future[T]) -> T:
+        """``fut``'s result; cancelling the caller does not cancel ``fut``."""
+        ...
+
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking ``fn(*args)`` in a worker thread; a cancelled caller abandons it."""
+        ...
+
+
+class AsyncioBackend:
+    """The native backend: the running asyncio loop, used as it is."""
+
+    name = "asyncio"
+    cancelled: tuple[type[BaseException], ...] = (asyncio.CancelledError,)
+    thread_hint = "use asyncio.run_coroutine_threadsafe(coro, client.loop)"
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def on_loop(self) -> bool:
+        """True when ``loop`` is the running loop."""
+        return asyncio._get_running_loop() is self.loop
+
+    def checkpoint(self) -> Awaitable[None]:
+        """``asyncio.sleep(0)``."""
+        return asyncio.sleep(0)
+
+    async def wait(self, fut: asyncio.Future[Any], within: float | None = None) -> None:
+        """``asyncio.wait([fut], timeout=within)``."""
+        await asyncio.wait([fut], timeout=within)
+
+    async def shield(self, fut: asyncio.Future[T]) -> T:
+        """``asyncio.shield(fut)``."""
+        return await asyncio.shield(fut)
+
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """``loop.run_in_executor(None, fn, *args)``."""
+        return await self.loop.run_in_executor(None, fn, *args)
+
+
+def backend_of(loop: asyncio.AbstractEventLoop) -> Backend:
+    """The backend driving ``loop`` (trio's adapter carries its own)."""
+    own: Backend | None = getattr(loop, "backend", None)
+    return own if own is not None else AsyncioBackend(loop)
+
+
+def current_backend(what: str) -> Backend:
+    """The backend of the running library for ``what`` (e.g. ``"open_client()"``), or
+    :class:`UnsupportedBackend` naming the library found and what to do."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return AsyncioBackend(loop)
+    library = current_library()
+    if library == "trio":
+        from .trio_backend import trio_backend
+
+        return trio_backend()
+    if library is None:
+        raise UnsupportedBackend(
+            f"{what} needs a running event loop (asyncio or trio) and none is running in "
+            "this thread; call it from async code started by asyncio.run(main()), "
+            "trio.run(main) or anyio.run(main)"
+        )
+    raise UnsupportedBackend(
+        f"{what} was called under {library}, which asynccube does not run on; run it "
+        "under asyncio (uvloop included) or trio, e.g. anyio.run(main, backend='trio')"
+    )
+
+
+def running_loop() -> asyncio.AbstractEventLoop:
+    """The loop of the calling task: the running asyncio loop, or trio's adapter."""
+    loop = asyncio._get_running_loop()
+    return loop if loop is not None else current_backend("running_loop()").loop
+
+
+async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
+    """Run blocking ``fn(*args)`` in a worker thread of the running library (asyncio's
+    default executor, or trio's thread cache)."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return await loop.run_in_executor(None, fn, *args)
+    return await current_backend(getattr(fn, "__name__", "a blocking job")).run_sync(fn, *args)
+
+
+async def to_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``asyncio.to_thread(fn, *args)``, or trio's ``to_thread.run_sync`` under trio."""
+    if asyncio._get_running_loop() is not None:
+        return await asyncio.to_thread(fn, *args)
+    return await current_backend(getattr(fn, "__name__", "a blocking job")).run_sync(fn, *args)
+
+
+async def shield(fut: asyncio.Future[T]) -> T:
+    """``asyncio.shield(fut)`` on ``fut``'s own loop (asyncio's, or trio's adapter)."""
+    return await backend_of(fut.get_loop()).shield(fut)
+
+
+async def wait_all(futs: list[asyncio.Future[Any]]) -> None:
+    """Wait until every future (of one loop) is done; never cancels them."""
+    if futs:
+        chosen = backend_of(futs[0].get_loop())
+        if isinstance(chosen, AsyncioBackend):
+            await asyncio.wait(futs)
+            return
+        for fut in futs:
+            await chosen.wait(fut)
+
+
+def current_library() -> str | None:
+    """The async library running in this thread (sniffio's name), or None."""
+    if _sniffio is not None:
+        try:
+            return str(_sniffio.current_async_library())
+        except _sniffio.AsyncLibraryNotFoundError:
+            return None
+    if asyncio._get_running_loop() is not None:
+        return "asyncio"
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            return None
+        return "trio"
+    return None

@@ -1,0 +1,433 @@
+"""The channel: one actor task drains a queue of commands into the server.
+
+An idle actor with nothing queued lets the caller run its command at once (same thread,
+same order; the server's batch ends with the loop iteration; past the batch budget of
+such work in one iteration, 1 ms unless ``streaming.batch_us`` says otherwise, commands
+go to the actor; what a server's ``FastLaunch`` or ``FastSync``
+runs inline on the same conditions, ``cuda/fast.py``, is not counted). Otherwise
+commands wait in a deque for the actor, which runs them in batches, yielding after each
+budget's worth of work. A fire-and-forget command's error is held for its stream and
+raised by the next awaited command there; awaited commands resolve a future through
+the completion watcher, on the backend's loop (:mod:`.backend`: asyncio's own, or
+trio's adapter): :mod:`.settle`, the channel's base. If the actor dies, every pending
+and later awaitable fails at once with ClientDeadError (after a sticky device error,
+with that DeviceError).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import sys
+import time
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..errors import (
+    AsyncCubeError,
+    ClientClosedError,
+    ClientDeadError,
+    InvalidArgument,
+    LoopMismatchError,
+)
+from ..server.protocol import Completion, ComputeServer
+from .awaitable import ClientFuture
+from .backend import backend_of
+from .completion import CompletionWatcher
+from .held import HeldErrors, combine
+from .settle import PRUNE_AT, Op, Settling
+
+__all__ = ["BATCH_SECONDS", "Channel", "State"]
+
+BATCH_SECONDS = 0.001
+"""The default budget of commands per loop iteration (``streaming.batch_us``: 1000)."""
+
+
+class State(enum.Enum):
+    """Life cycle of a channel."""
+
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    DEAD = "dead"
+
+
+class Channel(Settling):
+    """Links a client to its server through one actor task on ``loop`` (see above)."""
+
+    __slots__ = (
+        "_activate",
+        "_actor",
+        "_batch_end_scheduled",
+        "_blocked",
+        "_cancelled",
+        "_death",
+        "_held",
+        "_inline_spent",
+        "_queue",
+        "_stop",
+        "_wakeup",
+        "_yielding",
+        "backend",
+        "budget",
+        "guard",
+        "loop",
+        "server",
+        "state",
+        "watcher",
+    )  # fmt: skip (slots: the hot path's FastLaunch reads several per launch)
+
+    def __init__(
+        self,
+        server: ComputeServer,
+        loop: asyncio.AbstractEventLoop,
+        batch_seconds: float = BATCH_SECONDS,
+    ) -> None:
+        _check_budget(batch_seconds)
+        self.server = server
+        self.loop = loop
+        self.budget = batch_seconds
+        """Seconds of commands run in one loop iteration before yielding (see above)."""
+        self.backend = backend_of(loop)
+        self._cancelled = self.backend.cancelled
+        self.state = State.OPEN
+        self._queue: deque[tuple[Op, tuple[Any, ...]]] = deque()
+        self._wakeup: asyncio.Future[None] | None = None
+        # Per logical stream; shared with a server that reports errors from its workers.
+        held = getattr(server, "held_errors", None)
+        self._held = held if isinstance(held, HeldErrors) else HeldErrors()
+        # Awaitables not settled yet, failed at once if the actor dies. The channel drops
+        # each as it settles it (no done-callback: that is a loop handle per command);
+        # those settled elsewhere (cancelled by their caller) are pruned in bulk.
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._prune_at = PRUNE_AT
+        self._future_class = getattr(loop, "client_future_class", ClientFuture)
+        self._unclaimed = weakref.WeakSet()
+        self._clears_at_call = not hasattr(server, "taint")
+        self._taint_in_order = getattr(server, "taint", None)
+        self._death: BaseException | None = None
+        self._stop = False
+        self._batch_end_scheduled = False
+        self._yielding = False
+        """True while the actor yields between two slices of its batch (all run so far)."""
+        self._blocked = False
+        """True while the actor awaits a command's job (a compile): what is queued behind
+        it cannot run before that job ends."""
+        self._inline_spent = 0.0
+        """Seconds of commands run inline in this loop iteration (reset at its end)."""
+        self.watcher = CompletionWatcher(loop, self.backend.checkpoint)
+        self.guard: Callable[[str], None] | None = None
+        """Set while a graph capture is open: called by ``check`` with the name of the
+        client method calling it (see :mod:`.graph`)."""
+        self._activate: Callable[[], None] | None = getattr(server, "activate", None)
+        self._actor = loop.create_task(self._run(), name="asynccube-actor")
+
+    # -- client side ------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise unless the channel is open and called from its own loop."""
+        if self.state is not State.OPEN:
+            raise self._unusable()
+        if asyncio._get_running_loop() is not self.loop and not self.backend.on_loop():
+            raise LoopMismatchError(
+                f"this client runs on another event loop or thread (it was opened under "
+                f"{self.backend.name}); call it from its own loop, or "
+                f"{self.backend.thread_hint}"
+            )
+        if self.guard is not None:
+            self.guard(sys._getframe(1).f_code.co_name)
+
+    def in_actor(self) -> bool:
+        """True while the actor runs the queue (a caller running a command inline sees
+        False: the actor sleeps then)."""
+        return self._wakeup is None
+
+    def unusable(self) -> AsyncCubeError:
+        """The error a call on this closed or dead channel raises."""
+        return self._unusable()
+
+    def idle(self) -> bool:
+        """True when every sent command has run: nothing is queued, and the actor sleeps
+        or yields between two slices of its batch (a command waiting on a worker-thread
+        job, a compile say, keeps it busy)."""
+        return not self._queue and (self._wakeup is not None or self._yielding)
+
+    def _unusable(self) -> AsyncCubeError:
+        if self.state is State.DEAD:
+            if isinstance(self._death, AsyncCubeError):
+                return self._death
+            if isinstance(self._death, self._cancelled):
+                why = "the event loop this client ran on has ended (its actor task was "
+                err = ClientDeadError(why + "cancelled); open a new client on a running loop")
+            else:
+                err = ClientDeadError(f"the client's actor died: {self._death!r}")
+            err.__cause__ = self._death
+            return err
+        return ClientClosedError("the client is closed; open a new one with open_client()")
+
+    def send(self, op: Op, *args: Any) -> None:
+        """Run a command: at once when the actor is idle and nothing is queued (the
+        caller runs it exactly as the actor would, on the same thread, in the same
+        order, and saves a loop iteration), else queued for the actor."""
+        if self._wakeup is not None and not self._queue and self._inline_budget():
+            self._run_inline(op, args)
+            return
+        self._queue.append((op, args))
+        self._wake()
+
+    def run_queued_inline(self) -> str | None:
+        """Run every queued command now, on the calling thread, in order, as the actor
+        would (for a synchronous caller that must be ordered after them: a DLPack
+        export). Returns None once nothing is left queued, else why that cannot be done
+        without blocking: the actor awaits a command's job (a compile), or a queued
+        command must wait for one (it has started: it is left, at the queue's head, for
+        the actor to finish, and what follows it stays queued). A command that raises
+        kills the channel, as in the actor: its error is raised."""
+        if self._blocked:
+            return _BLOCKED
+        queue = self._queue
+        if not queue:
+            return None
+        start = time.perf_counter()
+        try:
+            while queue and not self._stop:
+                op, args = queue[0]
+                if op is _awaited:  # started inline earlier; the actor awaits it next
+                    return _BLOCKED
+                queue.popleft()
+                if self._activate is not None:
+                    self._activate()
+                pending = op(*args)
+                if pending is not None:
+                    queue.appendleft((_awaited, (pending,)))
+                    self._wake()
+                    return _BLOCKED
+        except BaseException as exc:  # as in the actor: a bug kills the channel
+            self._die(exc)
+            error = self._unusable()
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            self._inline_spent += time.perf_counter() - start
+            self.ran_inline()
+        return None
+
+    def _inline_budget(self) -> bool:
+        """True while this loop iteration has run less than the batch budget inline."""
+        return self._inline_spent < self.budget
+
+    def _wake(self) -> None:
+        wakeup = self._wakeup
+        if wakeup is not None:
+            self._wakeup = None
+            wakeup.set_result(None)
+
+    def _run_inline(self, op: Op, args: tuple[Any, ...]) -> None:
+        start = time.perf_counter()
+        try:
+            if self._activate is not None:
+                self._activate()
+            pending = op(*args)
+        except BaseException as exc:  # as in the actor: a bug kills the channel
+            self._die(exc)
+            return
+        if pending is not None:  # it must wait (e.g. a compile): the actor takes over
+            self._queue.append((_awaited, (pending,)))
+            self._wake()
+        self._inline_spent += time.perf_counter() - start
+        self.ran_inline()
+
+    def ran_inline(self) -> None:
+        """End what ran inline, the channel's own commands or a server's one-call route
+        (:mod:`.cuda.fast`): the server's batch ends with the loop iteration, and a
+        stopping actor is woken to see ``_stop``."""
+        if self._stop:
+            self._wake()
+        if not self._batch_end_scheduled:
+            self._batch_end_scheduled = True
+            self.loop.call_soon(self._end_inline_batch)
+
+    def _end_inline_batch(self) -> None:
+        self._batch_end_scheduled = False
+        self._inline_spent = 0.0
+        if self.state is not State.DEAD:
+            self._end_batch()
+
+    def activate(self) -> None:
+        """Make the server's device current (a command resuming after an await: another
+        client's commands may have run meanwhile)."""
+        if self._activate is not None:
+            self._activate()
+
+    def _end_batch(self) -> None:
+        if self._activate is not None:
+            self._activate()
+        self.server.end_batch()
+        pending = self._pending
+        if pending:  # futures a command settled itself (graphs, transfers): keep none
+            pending.difference_update([f for f in pending if f.done()])
+
+    # -- actor side -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            while not self._stop:
+                if self._queue:
+                    await self._drain()
+                else:
+                    self._wakeup = self.loop.create_future()
+                    await self._wakeup
+        except BaseException as exc:
+            self._die(exc)
+            if isinstance(exc, self._cancelled):
+                raise
+
+    async def _drain(self) -> None:
+        queue = self._queue
+        clock = time.perf_counter
+        deadline = clock() + self.budget
+        activate = self._activate
+        while queue and not self._stop:
+            op, args = queue.popleft()
+            if activate is not None:
+                activate()
+            pending = op(*args)
+            if pending is not None:
+                self._blocked = True
+                try:
+                    await pending
+                finally:
+                    self._blocked = False
+            if clock() > deadline:
+                self._end_batch()
+                self._yielding = True
+                try:
+                    await self.backend.checkpoint()
+                finally:
+                    self._yielding = False
+                deadline = clock() + self.budget
+        self._end_batch()
+
+    # -- close and death ----------------------------------------------------------------
+
+    def begin_close(self) -> asyncio.Future[Any]:
+        """Refuse new commands; queue the close after what is already queued."""
+        self.state = State.CLOSING
+        fut: asyncio.Future[Any] = self.loop.create_future()  # the client's own: plain
+        self._pending.add(fut)
+        self.send(self._close, fut)
+        return fut
+
+    def _close(self, fut: asyncio.Future[Any]) -> None:
+        self._stop = True
+        try:
+            completion = self.server.close()
+        except BaseException as exc:
+            self._closed(fut, exc)
+            return
+        self.watcher.watch(completion, lambda c: self._closed(fut, _error_of(c)))
+
+    def _closed(self, fut: asyncio.Future[Any], error: BaseException | None) -> None:
+        self.state = State.CLOSED
+        self.watcher.shutdown()
+        leftovers = self._unretrieved() + self._held.drain()
+        if error is not None:
+            leftovers.insert(0, error)
+        self._pending.discard(fut)
+        if fut.done():  # the close was cancelled: report them to the loop, not lose them
+            for exc in leftovers:
+                self.loop.call_exception_handler(
+                    {"message": "asynccube: an error nobody awaited, at close", "exception": exc}
+                )
+            return
+        if leftovers:
+            fut.set_exception(combine(leftovers, "also unobserved at close"))
+        else:
+            fut.set_result(None)
+
+    def _unretrieved(self) -> list[BaseException]:
+        """The errors of failed awaitables still alive that nobody retrieved (claimed
+        now: they are raised by ``close()``, and not given back when dropped)."""
+        errors = []
+        for fut in list(self._unclaimed):
+            if fut.done() and not fut.cancelled() and fut._log_traceback:
+                error = fut.exception()
+                if error is not None:
+                    errors.append(error)
+        self._unclaimed.clear()
+        return errors
+
+    def _die(self, exc: BaseException) -> None:
+        if self.state is State.DEAD:
+            return
+        self._death = exc
+        self.state = State.DEAD
+        self._stop = True
+        for op, args in self._queue:
+            if op is _awaited:
+                args[0].close()  # a started-inline command that will never run
+        self._queue.clear()
+        wakeup, self._wakeup = self._wakeup, None
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)  # the sleeping actor sees _stop and ends
+        error = self._unusable()
+        for fut in list(self._pending):
+            if not fut.done():
+                fut.set_exception(error)
+        self._pending.clear()
+        self.watcher.shutdown()
+        self._shutdown_server()
+
+    def _shutdown_server(self) -> None:
+        try:
+            if self._activate is not None:
+                self._activate()
+            self.server.close()
+        except BaseException as exc:  # the server is broken; the death cause is kept
+            if self._death is not None:
+                self._death.add_note(f"closing the server after death also failed: {exc!r}")
+
+    async def wait_actor(self) -> None:
+        """Wait for the actor task to end (after close or death)."""
+        if not self._actor.done():
+            await self.backend.wait(self._actor)
+
+    def kill_for_test(self, exc: BaseException) -> None:
+        """Make the actor die with ``exc`` at its next command (tests only)."""
+
+        def boom() -> None:
+            raise exc
+
+        self.send(boom)
+
+
+def _check_budget(batch_seconds: object) -> None:
+    if isinstance(batch_seconds, bool) or not isinstance(batch_seconds, int | float):
+        raise InvalidArgument(f"batch_seconds must be a number, got {batch_seconds!r}")
+    if not 1e-6 <= batch_seconds <= 1000:  # NaN fails too
+        raise InvalidArgument(
+            f"batch_seconds must be from 1e-6 to 1000 seconds, got {batch_seconds!r} "
+            "(streaming.batch_us takes microseconds)"
+        )
+
+
+_BLOCKED = (
+    "a command queued before this call waits on a job in a worker thread (a kernel "
+    "compile, or a large copy being staged)"
+)
+
+
+def _awaited(pending: Awaitable[None]) -> Awaitable[None]:
+    """A queued command that is an awaitable already started inline."""
+    return pending
+
+
+def _error_of(completion: Completion[Any]) -> BaseException | None:
+    try:
+        completion.result()
+    except BaseException as exc:
+        return exc
+    return None

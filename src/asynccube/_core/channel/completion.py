@@ -1,0 +1,206 @@
+"""Turning server completions into resolved asyncio futures without blocking the loop.
+
+Two paths, picked per completion:
+
+* A completion that can notify (``add_done_callback``) is resolved from its callback:
+  directly when it calls back on the loop's thread (``calls_back_on_loop``, as CUDA
+  completions do), else through ``loop.call_soon_threadsafe`` (host workers). A CUDA
+  completion watched for a caller about to await it (``spin=True``: the channel runs
+  the command inline) is first polled for up to 30 µs without yielding, so short work
+  resolves before its caller suspends. Nothing else spins: not the actor, whose caller
+  has suspended already and whose queue holds other commands (a service under load lost
+  a tenth of its loop to such spins), nor host completions (spinning would hold the GIL
+  their worker threads need). A spin that runs out skips the next ``SPIN_BACKOFF``
+  spins: work that outlasted one spin likely outlasts the next.
+* Any other completion (a CUDA event) is polled with ``done()`` from one poller task,
+  yielding to the loop between rounds (the backend's checkpoint: ``asyncio.sleep(0)``),
+  for a short spin
+  budget; a completion still pending after that is handed to a waiter thread, which
+  blocks in ``wait()`` (never on the loop) and then resolves it through
+  ``call_soon_threadsafe``. Short waits are fast; long waits cost no CPU.
+
+No Python ever runs inside a driver callback thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
+
+from ..server.protocol import Completion
+
+__all__ = ["CompletionWatcher", "one_step_later"]
+
+T = TypeVar("T")
+Sink = Callable[[Completion[Any]], None]
+SPIN_BACKOFF = 8
+"""Spins skipped after one that ran out (see above)."""
+
+
+class _Notifying(Protocol):
+    def add_done_callback(self, fn: Callable[[], object]) -> None: ...
+
+
+def _sleep0() -> Awaitable[None]:
+    return asyncio.sleep(0)
+
+
+def others_ready(loop: asyncio.AbstractEventLoop, own: object) -> bool:
+    """True unless ``loop`` is asyncio's own and has nothing ready to run but callbacks
+    of ``own`` (the channel): then no task has a wake-up queued (a cancelled task's,
+    whose frames would drop their handles when it unwinds), and a sync found done may
+    settle at once. Any other loop (uvloop, trio's adapter): True."""
+    if not isinstance(loop, asyncio.BaseEventLoop):
+        return True
+    ready = loop._ready  # type: ignore[attr-defined]
+    return any(getattr(handle._callback, "__self__", None) is not own for handle in ready)
+
+
+def one_step_later(
+    make: Callable[[], asyncio.Future[T]], fut: asyncio.Future[T]
+) -> asyncio.Future[T]:
+    """A future from ``make`` settled like the settled ``fut``, one loop step from now:
+    awaiting it suspends once, so callbacks queued before it (the wake-ups of tasks
+    cancelled before a sync, whose frames then unwind and drop their handles) run
+    first."""
+    later: asyncio.Future[T] = make()
+    later.get_loop().call_soon(_Relay(fut, later))
+    return later
+
+
+class _Relay:
+    """Settles ``later`` like ``fut`` once, then keeps neither (a loop may keep the last
+    callback it ran, and an error's traceback holds the frames, so the buffers, of the
+    task that raised it)."""
+
+    __slots__ = ("fut", "later")
+
+    def __init__(self, fut: asyncio.Future[Any], later: asyncio.Future[Any]) -> None:
+        self.fut: asyncio.Future[Any] | None = fut
+        self.later: asyncio.Future[Any] | None = later
+
+    def __call__(self) -> None:
+        fut, later = self.fut, self.later
+        self.fut = self.later = None
+        if fut is None or later is None or later.done():
+            return
+        if fut.cancelled():
+            later.cancel()
+            return
+        error = fut.exception()  # handed on: ``later`` gives it back if never retrieved
+        if error is None:
+            later.set_result(fut.result())
+            return
+        stream = getattr(fut, "_ac_stream", None)
+        if stream is not None:
+            later._ac_stream = stream  # type: ignore[attr-defined]
+        later.set_exception(error)
+
+
+class CompletionWatcher:
+    """Resolves completions on one event loop.
+
+    Args:
+        loop: The loop that owns the futures (asyncio's, or the trio adapter).
+        checkpoint: Yields to that loop once (the backend's; None: ``asyncio.sleep(0)``).
+        spin_seconds: How long a completion is polled before a waiter thread takes it.
+        sync_spin_seconds: How long a loop-thread completion is polled without yielding.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        checkpoint: Callable[[], Awaitable[None]] | None = None,
+        spin_seconds: float = 200e-6,
+        sync_spin_seconds: float = 30e-6,
+    ) -> None:
+        self._loop = loop
+        self._checkpoint = _sleep0 if checkpoint is None else checkpoint
+        self._spin = spin_seconds
+        self._sync_spin = sync_spin_seconds
+        self._polling: list[tuple[Completion[Any], Sink, float]] = []
+        self._poller: asyncio.Task[None] | None = None
+        self._waiters: ThreadPoolExecutor | None = None
+        self._skip_spins = 0
+        self.handed_to_threads = 0
+        self.spins = 0
+        """Spins that ran (for tests and benchmarks), whether they succeeded or not."""
+
+    def watch(self, completion: Completion[Any], sink: Sink, spin: bool = False) -> None:
+        """Call ``sink(completion)`` on the loop once ``completion`` is done. ``spin``:
+        a caller is about to await it (poll a loop-thread completion briefly first)."""
+        if completion.done():
+            sink(completion)
+        elif getattr(completion, "calls_back_on_loop", False):
+            if spin and self._spin_now(completion):
+                sink(completion)
+                return
+            notify: _Notifying = completion  # type: ignore[assignment]
+            notify.add_done_callback(functools.partial(sink, completion))
+        elif hasattr(completion, "add_done_callback"):
+            notify = completion  # type: ignore[assignment]
+            call = self._loop.call_soon_threadsafe
+            notify.add_done_callback(functools.partial(call, sink, completion))
+        else:
+            self._polling.append((completion, sink, time.perf_counter() + self._spin))
+            if self._poller is None:
+                self._poller = self._loop.create_task(self._poll(), name="asynccube-poller")
+
+    def _spin_now(self, completion: Completion[Any]) -> bool:
+        """Poll ``done()`` without yielding for up to ``sync_spin_seconds`` (tens of µs):
+        a short copy or kernel then resolves before its caller even suspends. Skipped
+        ``SPIN_BACKOFF`` times after a spin that ran out."""
+        if self._skip_spins:
+            self._skip_spins -= 1
+            return False
+        self.spins += 1
+        deadline = time.perf_counter() + self._sync_spin
+        while time.perf_counter() < deadline:
+            if completion.done():
+                return True
+        self._skip_spins = SPIN_BACKOFF
+        return False
+
+    async def _poll(self) -> None:
+        try:
+            checkpoint = self._checkpoint
+            while self._polling:
+                self._round()
+                await checkpoint()
+        finally:
+            self._poller = None
+
+    def _round(self) -> None:
+        now = time.perf_counter()
+        still = []
+        for item in self._polling:
+            completion, sink, deadline = item
+            if completion.done():
+                sink(completion)
+            elif now >= deadline:
+                self._hand_over(completion, sink)
+            else:
+                still.append(item)
+        self._polling = still
+
+    def _hand_over(self, completion: Completion[Any], sink: Sink) -> None:
+        if self._waiters is None:
+            self._waiters = ThreadPoolExecutor(4, thread_name_prefix="asynccube-waiter")
+        self.handed_to_threads += 1
+        call = self._loop.call_soon_threadsafe
+
+        def block() -> None:
+            completion.wait(None)
+            call(sink, completion)
+
+        self._waiters.submit(block)
+
+    def shutdown(self) -> None:
+        """Stop the waiter threads once they have finished (does not block)."""
+        if self._waiters is not None:
+            self._waiters.shutdown(wait=False)
+            self._waiters = None

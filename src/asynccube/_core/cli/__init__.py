@@ -1,0 +1,4 @@
+"""What ``python -m asynccube`` runs besides ``info``: the demo.
+
+May import: everything below it.
+"""

@@ -1,0 +1,232 @@
+"""DLPack capsules made with ctypes (the structs of ``dlpack.h``, v1.1).
+
+:func:`make_capsule` wraps an address, shape, strides and dtype in a ``"dltensor"``
+capsule (a ``DLManagedTensor``) or, when the consumer allows version 1, a
+``"dltensor_versioned"`` one (a ``DLManagedTensorVersioned``). The Python object
+``owner`` is kept in a registry until the consumer calls the deleter, or until the
+capsule is destroyed unconsumed; that is what keeps the exported buffer alive. The
+deleter may run on any thread the consumer frees from; it only drops the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import DLPackError
+
+__all__ = [
+    "DLPACK_VERSION",
+    "Imported",
+    "dtype_code",
+    "live_exports",
+    "make_capsule",
+    "take_capsule",
+]
+
+DLPACK_VERSION = (1, 1)
+_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+
+
+class _Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _Device),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class _Managed(ctypes.Structure):
+    _fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _DELETER)]
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _ManagedVersioned(ctypes.Structure):
+    _fields_ = [
+        ("version", _Version),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", _DELETER),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", _Tensor),
+    ]
+
+
+_NAME = b"dltensor"
+_NAME_VERSIONED = b"dltensor_versioned"
+_lock = threading.Lock()
+_exports: dict[int, tuple[Any, ...]] = {}
+"""Address of each live managed struct -> what it keeps alive (struct, arrays, owner)."""
+
+
+def live_exports() -> int:
+    """How many exported capsules' buffers are still held (by a consumer or a capsule)."""
+    return len(_exports)
+
+
+def dtype_code(dtype: np.dtype[Any]) -> tuple[int, int]:
+    """DLPack ``(code, bits)`` of a numpy dtype, or DLPackError if it has none."""
+    code = _CODES.get(dtype.kind)
+    if code is None or dtype.byteorder == ">" or dtype.hasobject:
+        raise DLPackError(f"dtype {dtype} cannot be expressed in DLPack")
+    return code, dtype.itemsize * 8
+
+
+def _release(address: int) -> None:
+    """The deleter: drop what the export kept alive (any thread; never raises)."""
+    with _lock:
+        _exports.pop(address, None)
+
+
+_deleter = _DELETER(_release)
+
+_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _c_api(name: str, restype: Any, *argtypes: Any) -> Any:
+    """A private ctypes binding of a C-API function (``ctypes.pythonapi``'s own
+    function objects are shared with every library that sets their argtypes)."""
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+
+
+_capsule_new = _c_api("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p,
+                      _DESTRUCTOR)  # fmt: skip
+_capsule_is_valid = _c_api("PyCapsule_IsValid", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
+_capsule_pointer = _c_api("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)
+_capsule_set_name = _c_api("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
+
+
+def _on_capsule_freed(capsule: int) -> None:
+    """A capsule nobody consumed (its name unchanged) releases its export itself."""
+    for name in (_NAME, _NAME_VERSIONED):
+        if _capsule_is_valid(capsule, name):
+            _release(_capsule_pointer(capsule, name))
+            return
+
+
+_destructor = _DESTRUCTOR(_on_capsule_freed)
+
+
+def make_capsule(
+    address: int,
+    device: tuple[int, int],
+    shape: Sequence[int],
+    strides: Sequence[int],
+    dtype: np.dtype[Any],
+    owner: Any,
+    *,
+    versioned: bool,
+) -> Any:
+    """A DLPack capsule over ``address`` (strides in elements) keeping ``owner`` alive
+    until the consumer is done with it."""
+    code, bits = dtype_code(dtype)
+    ndim = len(shape)
+    dims = (ctypes.c_int64 * max(ndim, 1))(*shape)
+    steps = (ctypes.c_int64 * max(ndim, 1))(*strides)
+    tensor = _Tensor(
+        ctypes.c_void_p(address), _Device(*device), ndim, _DataType(code, bits, 1),
+        dims, steps, 0,
+    )  # fmt: skip
+    managed: _Managed | _ManagedVersioned
+    if versioned:
+        managed = _ManagedVersioned(_Version(*DLPACK_VERSION), None, _deleter, 0, tensor)
+    else:
+        managed = _Managed(tensor, None, _deleter)
+    key = ctypes.addressof(managed)
+    with _lock:
+        _exports[key] = (managed, dims, steps, owner)
+    return _capsule_new(key, _NAME_VERSIONED if versioned else _NAME, _destructor)
+
+
+_USED = b"used_dltensor"
+_USED_VERSIONED = b"used_dltensor_versioned"
+_READ_ONLY = 1
+_DTYPES = {(0, 8): "i1", (0, 16): "i2", (0, 32): "i4", (0, 64): "i8",
+           (1, 8): "u1", (1, 16): "u2", (1, 32): "u4", (1, 64): "u8",
+           (2, 16): "f2", (2, 32): "f4", (2, 64): "f8",
+           (5, 64): "c8", (5, 128): "c16", (6, 8): "?"}  # fmt: skip
+
+
+class Imported:
+    """What a consumed capsule described, and the owner of its memory: calls the
+    producer's deleter when dropped (so keep it while the memory is in use).
+
+    Attributes:
+        address: The first element's address (``data + byte_offset``).
+        device: ``(device type, index)``.
+        shape: The shape.
+        strides: Strides in elements.
+        dtype: The numpy dtype.
+        read_only: The producer marked the memory read-only (versioned capsules).
+        source: The producer object, kept alive as well.
+    """
+
+    def __init__(self, capsule: Any, source: Any) -> None:
+        versioned = bool(_capsule_is_valid(id(capsule), _NAME_VERSIONED))
+        if not versioned and not _capsule_is_valid(id(capsule), _NAME):
+            raise DLPackError("__dlpack__ returned no unconsumed DLPack capsule")
+        name = _NAME_VERSIONED if versioned else _NAME
+        self._managed = _capsule_pointer(id(capsule), name)
+        kind = _ManagedVersioned if versioned else _Managed
+        managed = kind.from_address(self._managed)
+        self._deleter = managed.deleter
+        self.source = source
+        self.read_only = bool(versioned and managed.flags & _READ_ONLY)
+        _capsule_set_name(capsule, _USED_VERSIONED if versioned else _USED)
+        self._describe(managed.dl_tensor)
+
+    def _describe(self, t: _Tensor) -> None:
+        self.address = (t.data or 0) + t.byte_offset
+        self.device = (int(t.device.device_type), int(t.device.device_id))
+        self.shape = tuple(t.shape[i] for i in range(t.ndim))
+        if t.strides:
+            self.strides = tuple(t.strides[i] for i in range(t.ndim))
+        else:
+            self.strides = _contiguous(self.shape)
+        code = _DTYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
+        self.dtype = None if code is None else np.dtype(code)
+        self.type_code = (int(t.dtype.code), int(t.dtype.bits), int(t.dtype.lanes))
+
+    def __del__(self) -> None:
+        managed, self._managed = getattr(self, "_managed", None), None
+        if managed and self._deleter:
+            self._deleter(managed)
+
+
+def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def take_capsule(obj: Any, stream: int | None) -> Imported:
+    """Ask ``obj`` for a capsule (versioned if it can; ``stream``: the consumer's, for
+    the producer to order its work before) and consume it."""
+    try:
+        capsule = obj.__dlpack__(stream=stream, max_version=DLPACK_VERSION)
+    except TypeError:  # a producer of DLPack < 1.0 takes no max_version
+        capsule = obj.__dlpack__(stream=stream)
+    return Imported(capsule, obj)

@@ -1,0 +1,368 @@
+"""DLPack exchange between a client's tensors and other array libraries.
+
+Export (``Tensor.__dlpack__``, ``__cuda_array_interface__``) is ordered after every
+command sent before it, fire-and-forget ones included: the commands still queued for the
+channel's actor are run first, inline (``Channel.run_queued_inline``), so that the
+server has issued all of them. Only where that would block (a queued command waits on
+a job in a worker thread, such as a kernel compile) is the export refused, with a
+:class:`DLPackError` naming the reason.
+
+On the host the tensor's memory is handed to the consumer without a copy, wrapped in an
+array whose base holds the tensor's :class:`Handle`, so the buffer stays alive (and out
+of the pools) as long as the consumer holds it. A CPU consumer has no stream to be
+ordered after, so the server (``export_view``) waits, briefly, for the worker of the
+stream that last used the buffer to finish the work queued on it; work still running
+after that (a long kernel) is refused with a :class:`DLPackError` rather than the event
+loop being blocked. The capsule itself (versioned when the consumer asks with
+``max_version``) is made by numpy's own DLPack export.
+
+Import (``client.from_dlpack(obj)``): the producer's memory is bound to a new handle
+(``import_view``) without a copy; the bound view keeps ``obj`` alive while any handle,
+binding or queued task refers to it, and the memory never enters the pools.
+
+On CUDA the capsule is made here (:mod:`.dlpack`): the consumer's stream waits, on the
+device, for asynccube's work on the buffer, and the capsule keeps the tensor's handle
+until the consumer's deleter runs. Import (``from_dlpack``) is host-only for now.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import DLPackError, InvalidArgument
+from ..values.stream_id import StreamId
+from .dlpack import Imported, make_capsule, take_capsule
+from .views import TensorClient, TensorView
+
+__all__ = [
+    "cuda_array_interface",
+    "KDL_CPU",
+    "KDL_CUDA",
+    "dlpack_device",
+    "export_dlpack",
+    "import_dlpack",
+    "tensor_strides",
+]
+
+KDL_CPU = 1
+KDL_CUDA = 2
+
+
+def client_of(tensor: TensorView) -> TensorClient:
+    """The client a tensor was made by, or InvalidArgument saying how to get one."""
+    ref: weakref.ReferenceType[TensorClient] | None = tensor._client
+    client = ref() if ref is not None else None
+    if client is None:
+        raise InvalidArgument(
+            "this Tensor has no live client to export it from: make tensors with "
+            "client.tensor(handle, shape, dtype), client.create_array(...) or "
+            "client.from_dlpack(...), and keep the client open while exporting"
+        )
+    return client
+
+
+def dlpack_device(tensor: TensorView) -> tuple[int, int]:
+    """``(device type, index)`` as DLPack numbers them: kDLCPU 1, kDLCUDA 2."""
+    device = client_of(tensor).device
+    if device == "host":
+        return (KDL_CPU, 0)
+    kind, _, index = device.partition(":")
+    return (KDL_CUDA if kind == "cuda" else KDL_CPU, int(index or 0))
+
+
+def export_dlpack(
+    tensor: TensorView,
+    stream: Any,
+    max_version: Any,
+    dl_device: Any,
+    copy: Any,
+) -> Any:
+    """A DLPack capsule over ``tensor``'s memory (see the module docstring)."""
+    client = client_of(tensor)
+    client._channel.check()
+    device = dlpack_device(tensor)
+    _check_request(device, stream, max_version, dl_device, copy)
+    _run_queued(client)
+    if device[0] == KDL_CUDA:
+        return _export_cuda(client, tensor, device, stream, max_version, copy)
+    exporter = getattr(client._server, "export_view", None)
+    if exporter is None:
+        raise DLPackError(f"DLPack export is not supported on {client.device}")
+    view = exporter(tensor.binding(), StreamId.current())
+    array = _exported_array(tensor, view)
+    kwargs: dict[str, Any] = {"copy": copy} if copy is not None else {}
+    if max_version is not None:
+        kwargs["max_version"] = tuple(max_version)
+    return array.__dlpack__(**kwargs)
+
+
+def cuda_array_interface(tensor: TensorView) -> dict[str, Any]:
+    """``__cuda_array_interface__`` v3 of a tensor on a CUDA client: its address, and
+    as ``stream`` the CUDA stream after whose queued work the data is complete (the
+    consumer orders its own work after that stream). AttributeError elsewhere, so that
+    ``hasattr`` is False for tensors in host memory."""
+    client = client_of(tensor)
+    exporter = getattr(client._server, "export_pointer", None)
+    if exporter is None:
+        raise AttributeError(
+            f"__cuda_array_interface__: the tensor lives on {client.device}, not on a GPU"
+        )
+    client._channel.check()
+    _run_queued(client)
+    if tensor.nbytes_spanned() > tensor.handle.size:
+        raise InvalidArgument(f"{tensor!r} addresses more bytes than its buffer holds")
+    ptr, stream = exporter(tensor.binding(), StreamId.current())
+    itemsize = tensor.dtype.itemsize
+    return {
+        "version": 3,
+        "shape": tensor.shape,
+        "typestr": tensor.dtype.str,
+        "data": (ptr, False),
+        "strides": tuple(s * itemsize for s in tensor.strides),
+        "stream": stream or 2,  # 0 is not allowed; 2: the per-thread default stream
+    }
+
+
+def _export_cuda(
+    client: TensorClient,
+    tensor: TensorView,
+    device: tuple[int, int],
+    stream: Any,
+    max_version: Any,
+    copy: Any,
+) -> Any:
+    """A kDLCUDA capsule; the consumer's ``stream`` waits on the device for asynccube's
+    work on the buffer (None: the legacy default stream, 1; -1: no ordering)."""
+    if copy is True:
+        raise DLPackError(
+            "copy=True: asynccube shares, never copies, on export; read the tensor with "
+            "`await client.read_array(tensor)` for a copy"
+        )
+    if stream == 0 or isinstance(stream, bool) or not isinstance(stream, int | None):
+        raise DLPackError(
+            f"__dlpack__(stream={stream!r}): on CUDA give a stream handle (an int), 1 for "
+            "the legacy default stream, 2 for the per-thread one, or -1 for no ordering"
+        )
+    if tensor.nbytes_spanned() > tensor.handle.size:
+        raise InvalidArgument(f"{tensor!r} addresses more bytes than its buffer holds")
+    consumer = None if stream == -1 else (1 if stream is None else stream)
+    exporter = client._server.export_to_stream  # type: ignore[attr-defined]
+    address = exporter(tensor.binding(), StreamId.current(), consumer)
+    versioned = max_version is not None and max_version[0] >= 1
+    return make_capsule(
+        address, device, tensor.shape, tensor.strides, tensor.dtype, tensor.handle,
+        versioned=versioned,
+    )  # fmt: skip
+
+
+def _run_queued(client: TensorClient) -> None:
+    """Issue every command sent before the export (see the module docstring), or a
+    DLPackError saying why that cannot be done without blocking the event loop."""
+    why = client._channel.run_queued_inline()
+    if why is not None:
+        raise DLPackError(
+            f"cannot export this tensor now: {why}, and the export cannot be ordered "
+            "after it without blocking the event loop; `await client.sync()` first, "
+            "then export"
+        )
+
+
+def _check_request(
+    device: tuple[int, int], stream: Any, max_version: Any, dl_device: Any, copy: Any
+) -> None:
+    if device[0] == KDL_CPU and stream is not None:
+        raise DLPackError(
+            f"__dlpack__(stream={stream!r}) on a CPU tensor: CPU memory has no streams, "
+            "pass stream=None"
+        )
+    if max_version is not None and not _is_version(max_version):
+        raise DLPackError(
+            f"max_version must be a (major, minor) tuple of ints, got {max_version!r}"
+        )
+    if dl_device is not None and tuple(dl_device) != device:
+        raise DLPackError(
+            f"dl_device={tuple(dl_device)!r} asks for another device than the tensor's "
+            f"{device!r}; read it with `await client.read_array(tensor)` to get a copy"
+        )
+    if copy not in (None, True, False):
+        raise DLPackError(f"copy must be None, True or False, got {copy!r}")
+
+
+def _is_version(value: Any) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    )
+
+
+def _exported_array(tensor: TensorView, view: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
+    """A numpy array over the tensor's bytes whose base (a ctypes buffer over the same
+    memory) keeps the tensor's handle, so its buffer, alive while the consumer holds it."""
+    needed = tensor.nbytes_spanned()
+    if needed > view.nbytes:
+        raise InvalidArgument(
+            f"{tensor!r} addresses {needed} bytes but its buffer holds {view.nbytes}"
+        )
+    buffer = (ctypes.c_char * max(needed, 1)).from_address(view.ctypes.data)
+    buffer.handle = tensor.handle  # type: ignore[attr-defined]
+    itemsize = tensor.dtype.itemsize
+    strides = tuple(s * itemsize for s in tensor.strides)
+    return np.ndarray(tensor.shape, tensor.dtype, buffer=buffer, strides=strides)  # type: ignore[arg-type]
+
+
+def tensor_strides(shape: Sequence[int], strides: Sequence[int] | None) -> tuple[int, ...]:
+    """``strides`` checked against ``shape`` (ints >= 0, one per dimension), or the
+    C-contiguous strides of ``shape`` (in elements) when None."""
+    dims = _ints("shape", shape)
+    if strides is None:
+        out, step = [], 1
+        for d in reversed(dims):
+            out.append(step)
+            step *= max(d, 1)
+        return tuple(reversed(out))
+    given = _ints("strides", strides)
+    if len(given) != len(dims):
+        raise InvalidArgument(
+            f"strides {given} and shape {dims} differ in length; give one stride per "
+            "dimension, in elements"
+        )
+    return given
+
+
+def _ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
+    try:
+        items = tuple(values)
+    except TypeError:
+        raise InvalidArgument(f"{name} must be a sequence of ints, got {values!r}") from None
+    if not all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in items):
+        raise InvalidArgument(f"{name} must be a sequence of ints, got {values!r}")
+    if any(v < 0 for v in items):
+        raise InvalidArgument(f"{name} must hold ints >= 0, got {items}")
+    return tuple(int(v) for v in items)
+
+
+def import_dlpack(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+    """Bind ``obj``'s memory to a new handle without a copy; return the handle, shape
+    and dtype. What is bound keeps ``obj`` alive while the memory is in use."""
+    client._channel.check()
+    if dlpack_kind(client) == KDL_CUDA:
+        return _import_cuda(client, obj)
+    importer = getattr(client._server, "import_view", None)
+    if importer is None:
+        raise DLPackError(f"DLPack import is not supported on {client.device}")
+    array = _host_array(obj)
+    flat = np.asarray(_Imported(obj, array))
+    handle = client._server.new_handle(flat.nbytes, StreamId.current())
+    client._channel.send(_bind, importer, handle, flat, StreamId.current())
+    return handle, array.shape, array.dtype
+
+
+def dlpack_kind(client: TensorClient) -> int:
+    """kDLCUDA for a client on a GPU, else kDLCPU."""
+    return KDL_CUDA if client.device.startswith("cuda") else KDL_CPU
+
+
+def _import_cuda(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+    """A CUDA producer's memory: its work ordered before this task's stream (the
+    producer is given that stream), then bound to a handle that keeps the consumed
+    capsule (and ``obj``) until the device has passed asynccube's last use."""
+    index = int(client.device.partition(":")[2] or 0)
+    device = _device_of(obj)
+    if device != (KDL_CUDA, index):
+        raise DLPackError(
+            f"{type(obj).__name__} lives on DLPack device {device!r}, not on this "
+            f"client's {client.device} (kDLCUDA, {index}); import it into a client there"
+        )
+    server: Any = client._server
+    stream = StreamId.current()
+    imported = take_capsule(obj, server.stream_handle(stream))
+    _check_imported(obj, imported)
+    assert imported.dtype is not None
+    nbytes = int(np.prod(imported.shape, dtype=np.int64)) * imported.dtype.itemsize
+    handle = server.new_handle(nbytes, stream)
+    client._channel.send(_bind_cuda, server.import_pointer, handle, imported, nbytes, stream)
+    return handle, imported.shape, imported.dtype
+
+
+def _check_imported(obj: Any, imported: Imported) -> None:
+    name = type(obj).__name__
+    if imported.dtype is None:
+        raise DLPackError(f"{name}: DLPack dtype (code, bits, lanes) {imported.type_code} "
+                          "cannot be expressed in a Tensor")  # fmt: skip
+    if imported.read_only:
+        raise DLPackError(f"{name} is read-only; asynccube kernels may write to any buffer")
+    if imported.strides != tensor_strides(imported.shape, None) and 0 not in imported.shape:
+        raise DLPackError(
+            f"{name} is not C-contiguous (strides {imported.strides} for shape "
+            f"{imported.shape}); import a contiguous one (e.g. .contiguous())"
+        )
+
+
+def _bind_cuda(importer: Any, handle: Any, imported: Imported, nbytes: int, stream: Any) -> None:
+    importer(handle, imported.address, nbytes, imported, stream)
+
+
+class _Imported:
+    """The bytes of an imported array; as their base, it keeps the producer ``obj``
+    alive while any handle, binding or queued task refers to them."""
+
+    __slots__ = ("__array_interface__", "obj")
+
+    def __init__(self, obj: Any, array: npt.NDArray[Any]) -> None:
+        self.obj = obj
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": (array.nbytes,),
+            "typestr": "|u1",
+            "data": (array.__array_interface__["data"][0], False),
+        }
+
+
+def _bind(importer: Any, handle: Any, flat: npt.NDArray[np.uint8], stream: StreamId) -> None:
+    importer(handle, flat, stream)
+
+
+def _host_array(obj: Any) -> npt.NDArray[Any]:
+    """``obj`` as a C-contiguous, writable numpy array sharing its memory, or a
+    DLPackError naming what stands in the way."""
+    device = _device_of(obj)
+    if device[0] != KDL_CPU:
+        raise DLPackError(
+            f"{type(obj).__name__} lives on DLPack device {device!r}, not on this "
+            "client's host memory (kDLCPU, 1); import it into a client on that device"
+        )
+    try:
+        array = np.from_dlpack(obj)
+    except (BufferError, TypeError, RuntimeError, ValueError) as exc:
+        raise DLPackError(f"cannot import {type(obj).__name__} through DLPack: {exc}") from exc
+    if not array.flags.writeable:
+        raise DLPackError(
+            f"{type(obj).__name__} is read-only; asynccube kernels may write to any "
+            "buffer, so import a writable array (e.g. a copy)"
+        )
+    if not array.flags.c_contiguous:
+        raise DLPackError(
+            f"{type(obj).__name__} is not C-contiguous (strides {array.strides} for "
+            f"shape {array.shape}); import a contiguous one (e.g. np.ascontiguousarray)"
+        )
+    if array.dtype.hasobject or array.dtype.kind not in "biufc":
+        raise DLPackError(f"dtype {array.dtype} cannot be expressed in a Tensor")
+    return array
+
+
+def _device_of(obj: Any) -> tuple[int, int]:
+    method = getattr(obj, "__dlpack_device__", None)
+    if method is None or not hasattr(obj, "__dlpack__"):
+        raise DLPackError(
+            f"{type(obj).__name__} does not implement the DLPack protocol "
+            "(__dlpack__ and __dlpack_device__)"
+        )
+    kind, index = method()
+    return int(kind), int(index)

@@ -1,0 +1,398 @@
+"""The pure-Python twin of ``_native_fast.c``'s ``FastLaunch`` (see :mod:`.fast`).
+
+The same steps in the same order: everything a launch needs is found first, and any
+surprise returns False before a state changes (the caller then takes the Python
+route); then the stream's cursor and the buffers' last-use stamps move, the argument
+block is filled and the kernel launched, an error being held for the stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any
+
+from ._twin_alloc import Allocator
+from ._twin_args import _need_driver
+from ._twin_args import state as _driver
+from ._twin_launch import launch
+
+__all__ = ["FastLaunch"]
+
+_MAX_BUFFERS = 32
+_SPIN_S = 30e-6  # as CompletionWatcher's sync_spin_seconds
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY
+
+
+class _Plan:
+    __slots__ = ("function", "grid", "meta", "mids", "nbytes", "pack", "ptrs", "scalar",
+                 "shape", "sid", "stream", "wrapper")  # fmt: skip
+
+    function: Any
+    grid: tuple[int, int, int]
+    meta: Any
+    mids: list[Any]
+    nbytes: int
+    pack: Any
+    ptrs: list[int]
+    scalar: Any
+    shape: tuple[int, int, int, int]
+    sid: Any
+    stream: Any
+    wrapper: Any
+
+
+class FastLaunch:
+    """``FastLaunch(...)(kernel, count, bindings, mode) -> bool`` (see :mod:`.fast`)."""
+
+    __slots__ = (
+        "_allocator", "_declined", "_hits", "_q_declined", "_q_hits", "addresses", "binding_t",
+        "bindings_t", "call_soon", "channel", "checked", "context", "count_t", "create_future",
+        "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
+        "handle_t", "hold", "kernel_t", "kernels", "last_use", "later", "loop",
+        "max_streams", "mode_t", "on_loop", "open_state", "owned", "packs", "pinned", "ptr_miss",
+        "recorder", "slots", "small_max", "small_reads", "table", "task_arg", "task_fn",
+        "tls", "wake",
+    )  # fmt: skip
+
+    def __init__(self, *args: Any) -> None:
+        from ...errors import InvalidArgument
+
+        if len(args) != 31:
+            raise InvalidArgument(f"FastLaunch takes 31 arguments, got {len(args)}")
+        (self.channel, self.loop, self.open_state, self.get_loop, self.on_loop, self.task_fn,
+         self.task_arg, self.pinned, self.owned, self.kernel_t, self.count_t, self.bindings_t,
+         self.mode_t, self.checked, self.kernels, self.addresses, self.table, self.packs,
+         self.last_use, self.slots, self.recorder, self.hold, self.error_from, self.end_batch,
+         self.call_soon, self.wake, self.tls, self.context, self.current_sid, self.get_index,
+         max_streams) = args  # fmt: skip
+        if not isinstance(max_streams, int) or not 1 <= max_streams <= 1 << 20:
+            raise InvalidArgument(f"max_streams must be in [1, 2**20], got {max_streams!r}")
+        self.max_streams = max_streams
+        self._hits = self._declined = self._q_hits = self._q_declined = 0
+        self.small_reads: Any = None
+        self.ptr_miss: Any = None
+        self._allocator: Allocator | None = None
+
+    def set_alloc(self, *args: Any) -> None:
+        """What :meth:`empty` needs (see ``_native_alloc.c``)."""
+        self._allocator = Allocator(*args)
+
+    def empty(self, size: Any) -> Any:
+        """A new Handle over a dropped slice of ``size`` bytes, or None (see fast.py)."""
+        allocator = self._allocator
+        return None if allocator is None else allocator.empty(self, size)
+
+    def set_read(self, handle_t: Any, binding_t: Any, small_reads: Any, small_max: int,
+                 later: Any, fail: Any, create_future: Any) -> None:  # fmt: skip
+        """What :meth:`read` needs (see ``_native_read.c``)."""
+        from ...errors import InvalidArgument
+
+        if (
+            not (isinstance(handle_t, type) and isinstance(binding_t, type))
+            or not isinstance(small_reads, dict)
+            or small_max < 0
+        ):
+            raise InvalidArgument(
+                "set_read needs two types, a dict of spare buffers and a size >= 0"
+            )
+        self.handle_t, self.binding_t, self.small_reads = handle_t, binding_t, small_reads
+        self.small_max, self.later, self.fail = small_max, later, fail
+        self.create_future = create_future
+
+    def set_pointers(self, fn: Any) -> None:
+        """``fn(binding)`` finds (and caches in ``addresses``) the address of a buffer no
+        route has used yet; its errors leave the command to the route."""
+        from ...errors import InvalidArgument
+
+        if not callable(fn):
+            raise InvalidArgument(f"set_pointers needs a callable, got {fn!r}")
+        self.ptr_miss = fn
+
+    def read(self, item: Any) -> Any:
+        """A future of ``[bytes]`` for a small read of ``item``, or None (see fast.py)."""
+        if self.small_reads is None:
+            return None
+        try:
+            p = self._plan_read(item)
+            spare = None if p is None else self.small_reads.get(p.nbytes)
+        except Exception:  # the Python route meets (and raises) whatever stopped this one
+            p = spare = None
+        if p is None or type(spare) is not list or not spare:
+            self._declined += 1
+            return None
+        self._commit(p)
+        fut = self._issue(p, spare)
+        self.channel.ran_inline()  # as _native_fast.c's after()
+        self._hits += 1
+        return fut
+
+    def _plan_read(self, item: Any) -> _Plan | None:
+        if type(item) is not self.handle_t and type(item) is not self.binding_t:
+            return None
+        p = _Plan()
+        held = self.channel._held
+        if not self._channel_ready(p) or held._held or held._tainted:
+            return None  # an error is held or a buffer tainted: the route raises it
+        if not self._stream_of(p) or not self._pointers_of(p, [item]):
+            return None
+        if not 0 < p.nbytes <= self.small_max or not self._own_slot(p, [item]):
+            return None
+        p.stream = p.wrapper.stream
+        return p
+
+    def _issue(self, p: _Plan, spare: list[Any]) -> Any:
+        buf = spare.pop()
+        host = buf.ptr
+        fut = self.create_future()
+        err = _driver["d"].cuMemcpyDtoHAsync(host, p.ptrs[0], p.nbytes, p.stream)[0]
+        if err:
+            spare.append(buf)
+            self.fail(fut, self.error_from(err, "cuMemcpyDtoHAsync"))
+        elif _spin(p.stream) == 1:
+            data = [ctypes.string_at(host, p.nbytes)]
+            if len(spare) < 4:
+                spare.append(buf)
+            else:
+                buf.release()
+            fut.set_result(data)
+        else:
+            self.later(p.sid, p.stream, buf, p.nbytes, fut)
+        return fut
+
+    @property
+    def stats(self) -> tuple[int, int]:
+        """(launches taken, launches left to the Python route)."""
+        return self._hits, self._declined
+
+    def __call__(self, kernel: Any, count: Any, bindings: Any, mode: Any) -> bool:
+        return self._take(False, kernel, count, bindings, mode, None)
+
+    def queued(self, kernel: Any, count: Any, bindings: Any, mode: Any, sid: Any) -> bool:
+        """The launch as the actor runs it from its queue, on the StreamId it was sent
+        with: the same route without the caller's checks or ``ran_inline`` (see fast.py)."""
+        return self._take(True, kernel, count, bindings, mode, sid)
+
+    def _take(self, queued: bool, kernel: Any, count: Any, bindings: Any, mode: Any,
+              sid: Any) -> bool:  # fmt: skip
+        """As _native_fast.c's take(): plan, then launch, or leave it to the route."""
+        try:
+            if queued:
+                p = self._plan_queued(kernel, count, bindings, mode, sid)
+            else:
+                p = self._plan(kernel, count, bindings, mode)
+        except Exception:  # the Python route meets (and raises) whatever stopped this one
+            p = None
+        if p is None:
+            if queued:
+                self._q_declined += 1
+            else:
+                self._declined += 1
+            return False
+        self._commit(p)
+        self._run(p, kernel)
+        if queued:
+            self._q_hits += 1
+        else:
+            self.channel.ran_inline()  # as _native_fast.c's after()
+            self._hits += 1
+        return True
+
+    @property
+    def queued_stats(self) -> tuple[int, int]:
+        """Stats of :meth:`queued`: (taken, left to the Python route)."""
+        return self._q_hits, self._q_declined
+
+    def _types_ok(self, kernel: Any, count: Any, bindings: Any, mode: Any) -> bool:
+        return (
+            type(kernel) is self.kernel_t
+            and type(count) is self.count_t
+            and type(bindings) is self.bindings_t
+            and type(mode) is self.mode_t
+        )
+
+    def _plan(self, kernel: Any, count: Any, bindings: Any, mode: Any) -> _Plan | None:
+        if not self._types_ok(kernel, count, bindings, mode):
+            return None
+        p = _Plan()
+        if not self._channel_ready(p) or not self._stream_of(p):
+            return None
+        return self._plan_launch(p, kernel, count, bindings, mode)
+
+    def _plan_queued(
+        self, kernel: Any, count: Any, bindings: Any, mode: Any, sid: Any
+    ) -> _Plan | None:
+        if not self._types_ok(kernel, count, bindings, mode) or not self._device_ready():
+            return None
+        p = _Plan()
+        p.sid = sid
+        return self._plan_launch(p, kernel, count, bindings, mode)
+
+    def _plan_launch(
+        self, p: _Plan, kernel: Any, count: Any, bindings: Any, mode: Any
+    ) -> _Plan | None:
+        if count.binding is not None or len(bindings.tensor_maps) != 0:
+            return None
+        if self.channel._held._tainted:  # the route clears the taints of its buffers
+            return None
+        loaded = self.kernels.get(kernel.id)
+        if loaded is None or not self._pointers_of(p, bindings.buffers):
+            return None
+        if not self._pack_of(p, loaded, bindings):
+            return None
+        p.grid = (count.x, count.y, count.z)
+        if mode is self.checked and loaded.grid_ok != p.grid:
+            return None
+        p.shape = loaded.shape
+        p.function = loaded.function
+        if not self._own_slot(p, bindings.buffers):
+            return None
+        p.stream = p.wrapper.stream
+        return p
+
+    def _device_ready(self) -> bool:
+        c = self.channel
+        if c.state is not self.open_state or c.guard is not None:
+            return False
+        if self.recorder.enabled is not False or not _need_driver_open():
+            return False
+        # as driver.set_current last made it on this thread (the route's activate())
+        return getattr(self.tls, "context", None) is self.context
+
+    def _channel_ready(self, p: _Plan) -> bool:
+        if not self._device_ready():
+            return False
+        if self.get_loop() is not self.loop and (
+            self.on_loop is None or self.on_loop() is not True
+        ):
+            return False
+        c = self.channel
+        return c._wakeup is not None and len(c._queue) == 0 and c._stop is False
+
+    def _stream_of(self, p: _Plan) -> bool:
+        pinned = self.pinned.get()
+        if pinned is not None:
+            p.sid = pinned
+            return True
+        owned = self.owned.get()
+        if owned is None:
+            p.sid = self.current_sid()
+            return True
+        task = self.task_fn() if self.task_arg is None else self.task_fn(self.task_arg)
+        owner = owned[0]
+        if task is None or isinstance(owner, int):
+            return False
+        # a task's first command: StreamId.current() mints its stream, as the route would
+        p.sid = owned[1] if owner() is task else self.current_sid()
+        return True
+
+    def _pointers_of(self, p: _Plan, buffers: Any) -> bool:
+        queue = self.table.queue
+        if type(buffers) is not list or len(buffers) > _MAX_BUFFERS:  # as the C module
+            return False
+        p.mids, p.ptrs = [], []
+        addresses = self.addresses
+        for b in buffers:
+            token = b.memory
+            mid = token.id
+            entry = addresses.get(mid)
+            if entry is None and self.ptr_miss is not None and token.queue is queue:
+                self.ptr_miss(b)  # a new handle: found and cached (raises: the route)
+                entry = addresses.get(mid)
+            start = b.offset_start or 0
+            if (
+                entry is None
+                or token.queue is not queue
+                or not 0 <= start <= b.buffer_size - (b.offset_end or 0) <= entry[1]
+            ):
+                return False
+            p.mids.append(mid)
+            p.ptrs.append(entry[0] + start)
+            p.nbytes = b.buffer_size - (b.offset_end or 0) - start
+        return True
+
+    def _pack_of(self, p: _Plan, loaded: Any, bindings: Any) -> bool:
+        scalars = bindings.scalars
+        if type(scalars) is not dict or len(scalars) > 1:
+            return False
+        p.meta = bindings.metadata.data
+        if scalars:
+            (sb,) = scalars.values()
+            skey: tuple[Any, ...] = ((sb.ty.num, sb.length),)
+            p.scalar = sb.data
+        else:
+            skey, p.scalar = (), None
+        pack = self.packs.get((len(p.ptrs), 0, skey, p.meta.size))
+        if pack is None or pack not in loaded.checked:
+            return False
+        p.pack = pack.state
+        return True
+
+    def _own_slot(self, p: _Plan, buffers: list[Any]) -> bool:
+        m = self.max_streams
+        own = p.sid.value % m
+        last_use = self.last_use
+        for mid, b in zip(p.mids, buffers, strict=True):
+            origin = last_use.get(mid)
+            if (b.stream if origin is None else origin[0]).value % m != own:
+                return False
+        return self._wrapper_of(p, own)
+
+    def _wrapper_of(self, p: _Plan, own: int) -> bool:
+        p.wrapper = self.slots[own]
+        if p.wrapper is None:  # the stream's first operation: created as resolve would
+            p.wrapper = self.get_index(own)
+        return p.wrapper is not None
+
+    @staticmethod
+    def _new_plan() -> _Plan:
+        return _Plan()
+
+    def _commit(self, p: _Plan) -> tuple[Any, int]:
+        cursor = p.wrapper.cursor = p.wrapper.cursor + 1
+        stamp = (p.sid, cursor)
+        last_use = self.last_use
+        for mid in p.mids:
+            last_use[mid] = stamp
+        return stamp
+
+    def _run(self, p: _Plan, kernel: Any) -> None:
+        gx, gy, gz = p.grid
+        if not (gx and gy and gz):
+            return
+        try:
+            meta = p.meta if p.meta.size else None
+            scalars = None if p.scalar is None else [p.scalar]
+            if p.pack.scalars and scalars is None:
+                scalars = []  # fill() then names the missing group
+            bx, by, bz, smem = p.shape
+            err = launch(
+                p.pack, p.function, gx, gy, gz, bx, by, bz, smem, p.stream, p.ptrs, scalars,
+                meta, None,
+            )  # fmt: skip
+            if err:
+                raise self.error_from(err, f"cuLaunchKernel({kernel.id})")
+        except Exception as exc:
+            self.hold(p.sid, exc)
+
+
+def _spin(stream: Any) -> int:
+    """Poll ``stream`` until its work is done (1), 30 µs passed (0) or it failed (-1)."""
+    end = time.perf_counter() + _SPIN_S
+    query = _driver["d"].cuStreamQuery
+    while True:
+        q = int(query(stream)[0])
+        if q == 0:
+            return 1
+        if q != _NOT_READY:
+            return -1  # later() raises it, as the route
+        if time.perf_counter() >= end:
+            return 0
+
+
+def _need_driver_open() -> bool:
+    try:
+        _need_driver()
+    except RuntimeError:
+        return False
+    return True
