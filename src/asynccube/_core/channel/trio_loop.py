@@ -311,6 +311,9 @@ class TrioLoop(asyncio.AbstractEventLoop):
                 handle = ready.popleft()
                 if not handle.cancelled():
                     handle._run()
+            # Keep no handle while asleep (as asyncio's loop): the last one would keep its
+            # callback's arguments alive, a settled future and the frames of its error.
+            handle = due = None  # type: ignore[assignment]
             if ready:  # callbacks queued more: let the other tasks run first
                 await trio.lowlevel.checkpoint()
 
