@@ -45,10 +45,12 @@ gs = _example()
 
 
 @asynccontextmanager
-async def serving(limits: Any, compute: Any = None) -> AsyncIterator[tuple[str, Any]]:
-    """The example's app on 127.0.0.1 (an ephemeral port), on the host server: its URL
-    and its ``Service``."""
-    app = gs.create_app("host", limits, compute or gs.y2x1)
+async def serving(
+    limits: Any, compute: Any = None, device: str = "host"
+) -> AsyncIterator[tuple[str, Any]]:
+    """The example's app on 127.0.0.1 (an ephemeral port), on ``device``: its URL and its
+    ``Service``."""
+    app = gs.create_app(device, limits, compute or gs.y2x1)
     runner = web.AppRunner(app, access_log=None, **gs.runner_options(limits))
     await runner.setup()
     try:
@@ -61,13 +63,12 @@ async def serving(limits: Any, compute: Any = None) -> AsyncIterator[tuple[str, 
 
 @pytest_asyncio.fixture
 async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Any]]:
-    """:func:`serving` of ``(limits, compute)`` (the test's indirect parameter), warmed
+    """:func:`serving` of ``(limits, compute[, device])`` (the test's indirect parameter), warmed
     by 16 concurrent requests, then its counts reset. A fixture, so its start is outside
     the lag probe (which times the test's body): the first client a process opens, and
     the host server's first use of each stream (it starts the stream's worker thread),
     take milliseconds of loop time on a loaded machine."""
-    limits, compute = request.param
-    async with serving(limits, compute) as (url, service):
+    async with serving(*request.param) as (url, service):
         async with aiohttp.ClientSession() as session:
             x = values(3, 256)
             answers = await asyncio.gather(*(post(session, url, x.tobytes(), OCTETS)
@@ -184,6 +185,25 @@ async def test_ten_thousand_bad_requests_mixed_with_good_ones(served: tuple[str,
     assert counts.served == good and sum(counts.refused.values()) == bad
     assert counts.in_flight == 0 and counts.cancelled == 0
     assert after.bytes_in_use == before.bytes_in_use
+
+
+@pytest.mark.asyncio
+@pytest.mark.cuda
+@pytest.mark.parametrize("served", [(gs.Limits(max_bytes=LIMIT), None, "cuda:0")], indirect=True)
+async def test_on_a_gpu_good_answers_refusals_and_memory_back(served: tuple[str, Any]) -> None:
+    url, service = served
+    client = service.client
+    before = await client.memory_usage()
+    inputs = [values(i, n) for i, n in enumerate((1, 255, 256, 257, LIMIT // 4))]
+    async with aiohttp.ClientSession() as s:
+        answers = await asyncio.gather(*(post(s, url, x.tobytes(), OCTETS) for x in inputs))
+        assert answers == [(200, y(x)) for x in inputs]
+        for name, body, headers, status, message in BAD:
+            got, text = await post(s, url, body(), headers)
+            assert (got, one_line_error(text)) == (status, message), name
+    await client.sync()
+    assert client.device == "cuda:0"
+    assert (await client.memory_usage()).bytes_in_use == before.bytes_in_use
 
 
 def _head(content_length: int | None) -> bytes:
