@@ -14,7 +14,7 @@ work one loop iteration takes on).
 
 ``load URL --clients K --start T --seconds S`` runs K concurrent clients until
 ``T + S``, counts the requests completed inside ``[T, T + S]``, checks every response
-against numpy and prints one JSON object.
+against numpy (with ``--echo``: against the body sent) and prints one JSON object.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 
 N_FLOATS = 64 * 1024  # 256 KiB of float32
 PEERS = ("asynccube", "asynccube_lowlag", "cupy_thread", "torch_thread", "cupy_blocking",
-         "numpy_loop")  # fmt: skip
+         "numpy_loop", "echo")  # fmt: skip
 OURS = {"asynccube": 1000, "asynccube_lowlag": 200}
 """asynccube's services and their ``streaming.batch_us`` (the default; a small budget)."""
 Handler = Callable[[bytes], Awaitable[bytes]]
@@ -122,6 +122,12 @@ async def make_handler(peer: str, device: str, stack: list[Any]) -> tuple[Handle
             return (x * np.float32(2) + np.float32(1)).tobytes()
 
         return on_loop, "numpy on the loop (no device)"
+    if peer == "echo":  # the HTTP stack's own cost: the body back, no compute
+
+        async def echo(body: bytes) -> bytes:
+            return body
+
+        return echo, "echo (no compute)"
     if device == "host":
         raise RuntimeError(f"{peer} needs a GPU; this run uses the host server")
     fn = _torch_fn() if peer == "torch_thread" else _cupy_fn()
@@ -246,12 +252,14 @@ async def answer_windows(
         print(json.dumps(figures(lo, hi)), flush=True)
 
 
-async def load(url: str, clients: int, start: float, seconds: float) -> dict[str, Any]:
+async def load(
+    url: str, clients: int, start: float, seconds: float, echo: bool = False
+) -> dict[str, Any]:
     import aiohttp
 
     rng = np.random.default_rng()
     inputs = [rng.standard_normal(N_FLOATS).astype(np.float32) for _ in range(8)]
-    bodies = [(x.tobytes(), (2 * x + 1).tobytes()) for x in inputs]
+    bodies = [(x.tobytes(), (x if echo else 2 * x + 1).tobytes()) for x in inputs]
     end = start + seconds
     out: dict[str, Any] = {"latencies_us": [], "checked": 0, "mismatches": 0, "errors": 0,
                            "first_error": ""}  # fmt: skip
@@ -296,11 +304,12 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--gc-freeze", action="store_true")
     p.add_argument("--admit", type=int, default=0)
+    p.add_argument("--echo", action="store_true", help="load: expect the body sent back")
     a = p.parse_args()
     coro: Any = (
         serve(a.target, a.device, a.gc_freeze, a.admit)
         if a.what == "serve"
-        else load(a.target, a.clients, a.start, a.seconds)
+        else load(a.target, a.clients, a.start, a.seconds, a.echo)
     )
     if a.loop == "uvloop":
         import uvloop

@@ -8,14 +8,18 @@ of float32 ``x`` and answers ``y = 2x + 1`` (256 KiB), computed on the device:
   after 200 µs of commands instead of 1 ms);
 * ``cupy_thread`` / ``torch_thread``: CuPy / PyTorch inside ``asyncio.to_thread``;
 * ``cupy_blocking``: CuPy called blocking inside the handler;
-* ``numpy_loop``: the floor, numpy on the loop and no device: what aiohttp and the two
-  256 KiB bodies cost the loop by themselves.
+* ``numpy_loop``: a floor, numpy on the loop and no device: what aiohttp, the two
+  256 KiB bodies and the computation on the host cost the loop by themselves;
+* ``echo``: the echo floor, the same server answering the body itself (no compute): the
+  HTTP stack's own cost, the ceiling of any service.
 
 A lag probe task in each server sleeps 1 ms in a loop and records how late it wakes (the
 server loop's lag). Load comes from other processes (``--procs``, together ``--clients``
 concurrent connections on loopback), each for a bounded time after a warm-up; every
 response is checked against numpy. Reported per server loop (asyncio, uvloop): requests/s,
-latency p50/p99, loop lag p99, and the ratios the issue asks for.
+latency p50/p99, loop lag p99, and the ratios the issue asks for. With ``--runs N`` each
+service runs N times (the services in turn, round after round); the run of median
+requests/s is reported, with the spread of all N.
 
     python benchmarks/bench_service.py                    # host server (no GPU needed)
     python benchmarks/bench_service.py --device cuda:0    # on the GPU machine
@@ -86,7 +90,8 @@ def _load_result(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
 
 
 def run_one(peer: str, loop: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One server process under load; its figures, or ``{"skipped": reason}``."""
+    """One server process under load; its figures, or ``{"skipped": reason}``. The echo
+    floor's answers are checked against the bodies sent."""
     extra = ["--gc-freeze"] if args.gc_freeze else []
     extra += ["--admit", str(args.admit)] if args.admit else []
     server = _spawn(["serve", peer, "--loop", loop, "--device", args.device, *extra])
@@ -94,7 +99,8 @@ def run_one(peer: str, loop: str, args: argparse.Namespace) -> dict[str, Any]:
         first = _first_line(server, 120)
         if not first.startswith("PORT "):
             return {"skipped": first.removeprefix("SKIP ")}
-        outs, stats, _ = apply_load(f"http://127.0.0.1:{first.split()[1]}", args)
+        url = f"http://127.0.0.1:{first.split()[1]}"
+        outs, stats, _ = apply_load(url, args, echo=peer == "echo")
     finally:
         server.terminate()
         try:
@@ -124,18 +130,20 @@ def run_one(peer: str, loop: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def apply_load(
-    url: str, args: argparse.Namespace
+    url: str, args: argparse.Namespace, echo: bool = False
 ) -> tuple[list[dict[str, Any]], dict[str, Any], float]:
     """``args.clients`` clients from ``args.procs`` load processes against ``url`` for
     ``args.seconds`` after ``args.warmup``: each process's result, the server's lag
-    stats over that window, and the window's start (wall clock)."""
+    stats over that window, and the window's start (wall clock). ``echo``: the answers
+    are checked against the bodies sent, not against ``2x + 1``."""
     load_loop = "uvloop" if _has_uvloop() else "asyncio"  # the lighter client
     start = time.time() + args.warmup + 1.0  # the load processes start meanwhile
     per = [args.clients // args.procs + (i < args.clients % args.procs)
            for i in range(args.procs)]  # fmt: skip
     loads = [
         _spawn(["load", url, "--clients", str(k), "--start", str(start),
-                "--seconds", str(args.seconds), "--loop", load_loop])
+                "--seconds", str(args.seconds), "--loop", load_loop,
+                *(["--echo"] if echo else [])])
         for k in per
     ]  # fmt: skip
     outs = [_load_result(p, args.seconds + args.warmup + 120) for p in loads]
@@ -198,6 +206,7 @@ def _verdicts(by_loop: dict[str, dict[str, Any]]) -> list[list[str]]:
             if "requests_per_s" in floor
             else "-"
         )
+        echo = peers.get("echo", {}).get("requests_per_s")
         for peer, batch_us in OURS.items():
             if peer not in peers:
                 continue
@@ -205,7 +214,8 @@ def _verdicts(by_loop: dict[str, dict[str, Any]]) -> list[list[str]]:
             rps, lag = ours.get("requests_per_s"), ours.get("loop_lag_p99_ms")
             rows.append([f"{loop}, {peer} (batch_us {batch_us})", _ratio(rps, best),
                          _ratio(rps, blocking), "-" if lag is None else f"{lag:.2f}",
-                         floor_text, _met(rps, lag, best, blocking)])  # fmt: skip
+                         floor_text, _ratio(rps, floor.get("requests_per_s")),
+                         _ratio(rps, echo), _met(rps, lag, best, blocking)])  # fmt: skip
     return rows
 
 
@@ -231,7 +241,7 @@ def render(by_loop: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
                 rows.append([loop, peer, "skipped", "-", "-", "-", "-", r["skipped"][:90]])
                 continue
             ok = f"{r['checked']} checked, {r['mismatches']} wrong, {r['errors']} errors"
-            rows.append([loop, peer, f"{r['requests_per_s']:.0f}",
+            rows.append([loop, peer, _rps_text(r),
                          f"{r['p50_ms']:.2f}" if r["p50_ms"] is not None else "-",
                          f"{r['p99_ms']:.2f}" if r["p99_ms"] is not None else "-",
                          f"{r['loop_lag_p99_ms']:.2f}", _gc_text(r), ok])  # fmt: skip
@@ -239,7 +249,8 @@ def render(by_loop: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
                   "GC ms/s, longest, full", "responses vs numpy"], rows)  # fmt: skip
     goals = table(["server loop, service", "vs best non-blocking peer (goal >= 1.5x)",
                    "vs blocking CuPy handler (goal >= 1.0x)", "loop lag p99 ms (goal <= 2)",
-                   "floor: numpy on the loop, no device", "goal"],
+                   "floor: numpy on the loop, no device", "vs numpy floor", "vs echo floor",
+                   "goal"],
                   _verdicts(by_loop))  # fmt: skip
     return f"{body}\n\n{goals}\n\n{_how(args)}"
 
@@ -253,16 +264,44 @@ def _how(args: argparse.Namespace) -> str:
     flags = (" --gc-freeze" if args.gc_freeze else "") + (
         f" --admit {args.admit}" if args.admit else ""
     )
+    flags += f" --runs {args.runs}" if args.runs > 1 else ""
+    runs = (
+        f", {args.runs} runs (requests/s: the median run's, the lowest and highest)"
+        if args.runs > 1
+        else ""
+    )
     return (
         f"Each request: 256 KiB float32 in, `y = 2x + 1`, 256 KiB out; "
         f"{args.clients} concurrent clients from {args.procs} load processes on loopback, "
-        f"{args.warmup:g} s warm-up then {args.seconds:g} s measured per service. The floor "
-        "(`numpy_loop`) computes on the loop with no device: its loop lag is what aiohttp "
-        "and the bodies alone cost at this load. GC: the garbage collector's pauses in the "
+        f"{args.warmup:g} s warm-up then {args.seconds:g} s measured per service{runs}. The "
+        "floor `numpy_loop` computes on the loop with no device: its loop lag is what "
+        "aiohttp and the bodies alone cost at this load; the echo floor (`echo`) answers the "
+        "body itself, the HTTP stack's own cost. GC: the garbage collector's pauses in the "
         f"window (they stop the loop too){options}Command: "
         f"`python benchmarks/bench_service.py --device {args.device}{flags}` "
         "(on the GPU: inside `benchmarks/bench_gpu.sh`)."
     )
+
+
+def _rps_text(r: dict[str, Any]) -> str:
+    """Requests/s, with the spread of the runs where there are several."""
+    runs = r.get("runs_requests_per_s", [])
+    spread = f" ({min(runs):.0f}-{max(runs):.0f})" if len(runs) > 1 else ""
+    return f"{r['requests_per_s']:.0f}{spread}"
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run of median requests/s, with every run's requests/s and the responses of all
+    runs counted; or the first skip."""
+    done = sorted((r for r in runs if "skipped" not in r), key=lambda r: r["requests_per_s"])
+    if not done:
+        return runs[0]
+    merged = {**done[(len(done) - 1) // 2]}
+    merged["runs_requests_per_s"] = [r["requests_per_s"] for r in runs if "skipped" not in r]
+    for key in ("checked", "mismatches", "errors"):
+        merged[key] = sum(r[key] for r in done)
+    merged["first_error"] = next((r["first_error"] for r in done if r["first_error"]), "")
+    return merged
 
 
 def _gc_text(r: dict[str, Any]) -> str:
@@ -280,6 +319,8 @@ def main() -> int:
     p.add_argument("--procs", type=int, default=max(1, min(4, (os.cpu_count() or 2) // 4)))
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--runs", type=int, default=1,
+                   help="runs per service, round after round: median and spread")  # fmt: skip
     p.add_argument("--admit", type=int, default=0,
                    help="every server lets at most N requests into its handler")  # fmt: skip
     p.add_argument("--gc-freeze", action="store_true",
@@ -289,16 +330,22 @@ def main() -> int:
     args = p.parse_args()
     if args.admit < 0:
         p.error(f"--admit must be >= 0 (0: no bound), got {args.admit}")
+    if args.runs < 1:
+        p.error(f"--runs must be >= 1, got {args.runs}")
     by_loop: dict[str, dict[str, Any]] = {}
     for loop in args.loops.split(","):
         if loop == "uvloop" and not _has_uvloop():
             by_loop[loop] = {peer: {"skipped": "uvloop is not installed"} for peer in PEERS}
             continue
-        by_loop[loop] = {}
-        for peer in args.peers.split(","):
-            r = run_one(peer, loop, args)
-            by_loop[loop][peer] = r
-            print(f"{loop:8} {peer:14} {json.dumps(r)}", flush=True)
+        runs: dict[str, list[dict[str, Any]]] = {peer: [] for peer in args.peers.split(",")}
+        for _ in range(args.runs):  # round after round: a drift spreads over every service
+            for peer, done in runs.items():
+                if done and "skipped" in done[0]:
+                    continue
+                r = run_one(peer, loop, args)
+                done.append(r)
+                print(f"{loop:8} {peer:14} {json.dumps(r)}", flush=True)
+        by_loop[loop] = {peer: _median_run(done) for peer, done in runs.items()}
     if args.json_only:
         print(json.dumps(by_loop))
         return 0
