@@ -2,8 +2,8 @@
 
 A module docstring may hold lines such as::
 
-    route: client.commands.ClientCore.execute -> [channel.channel.Channel.send]
-        -> client.commands.ClientCore._execute -> ... -> driver:cuLaunchKernel
+    route: client.client.ComputeClient.execute -> [channel.channel.Channel.send]
+        -> client.launch.Launcher.launch -> ... -> driver:cuLaunchKernel
 
 (one line, or continued on indented lines). Each hop is a dotted name under
 ``asynccube._core`` (a function, or a method as ``Class.method``); ``driver:NAME`` is a
@@ -113,7 +113,7 @@ ROUTES = documented_routes()
 def test_the_routes_of_client_commands_are_written_down() -> None:
     starts = {hops[0] for _, hops in ROUTES}
     for op in ("execute", "read", "sync"):
-        assert f"client.commands.ClientCore.{op}" in starts, f"no route for client.{op}"
+        assert f"client.client.ComputeClient.{op}" in starts, f"no route for client.{op}"
     assert any(hops[-1] == "driver:cuLaunchKernel" for _, hops in ROUTES)
 
 
@@ -124,6 +124,6 @@ def test_each_documented_hop_exists_and_names_the_next(module: str, hops: list[s
 
 def test_a_wrong_route_is_caught() -> None:
     with pytest.raises(AttributeError):
-        _check_route(["client.commands.ClientCore.execute", "client.commands.ClientCore._nowhere"])
+        _check_route(["client.client.ComputeClient.execute", "client.client.ComputeClient._nowhere"])
     with pytest.raises(AssertionError, match="does not name the next hop"):
-        _check_route(["client.commands.ClientCore.execute", "channel.channel.Channel.take_held"])
+        _check_route(["client.client.ComputeClient.execute", "channel.channel.Channel.take_held"])
