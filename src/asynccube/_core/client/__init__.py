@@ -27,4 +27,17 @@ else the second::
         -> cuda.server.CudaServer.sync -> stream.multi.MultiStream.flush_pending
         -> cuda.streams.CudaBackend.flush -> cuda.completion.EventPool.record
         -> [cuda.native._twin.event_record] -> driver:cuEventRecord
+
+``to_client`` between two GPUs that reach each other (the staged route, through a read
+and a ``create``, is the read route then the create's), and the exports of a tensor
+(DLPack, then the CUDA Array Interface)::
+
+    route: client.client.ComputeClient.to_client -> client.transfer.to_client
+        -> client.transfer._peer_copy -> [channel.channel.Channel.send]
+        -> client.transfer._dest_side -> client.transfer._import -> cuda.peer.import_copy
+    route: client.tensor.Tensor.__dlpack__ -> client.interop.export_dlpack
+        -> client.interop._export_cuda -> cuda.interop.InteropOps.export_to_stream
+        -> driver:cuStreamWaitEvent
+    route: client.tensor.Tensor.__cuda_array_interface__ -> client.interop.cuda_array_interface
+        -> cuda.interop.InteropOps.export_pointer -> stream.multi.MultiStream.resolve
 """
