@@ -2,8 +2,8 @@
 
 A module docstring may hold lines such as::
 
-    route: client.commands.ClientCore.execute -> [channel.channel.Channel.send]
-        -> client.commands.ClientCore._execute -> ... -> driver:cuLaunchKernel
+    route: client.client.ComputeClient.execute -> [channel.channel.Channel.send]
+        -> client.launch.Launcher.launch -> ... -> driver:cuLaunchKernel
 
 (one line, or continued on indented lines). Each hop is a dotted name under
 ``asynccube._core`` (a function, or a method as ``Class.method``); ``driver:NAME`` is a
@@ -83,7 +83,10 @@ def _short(hop: str) -> str:
 
 def _names(hop: str, name: str) -> bool:
     """True if the source of ``hop`` names ``name`` (``self._name`` counts)."""
-    source = inspect.getsource(inspect.unwrap(resolve(hop)))
+    fn: Any = resolve(hop)
+    if isinstance(fn, property):  # a property hop: its getter's source
+        fn = fn.fget
+    source = inspect.getsource(inspect.unwrap(fn))
     return re.search(rf"(?<![A-Za-z0-9]){re.escape(name)}\b", source) is not None
 
 
@@ -112,8 +115,10 @@ ROUTES = documented_routes()
 
 def test_the_routes_of_client_commands_are_written_down() -> None:
     starts = {hops[0] for _, hops in ROUTES}
-    for op in ("execute", "read", "sync"):
-        assert f"client.commands.ClientCore.{op}" in starts, f"no route for client.{op}"
+    for op in ("execute", "read", "sync", "to_client"):
+        assert f"client.client.ComputeClient.{op}" in starts, f"no route for client.{op}"
+    for export in ("__dlpack__", "__cuda_array_interface__"):
+        assert f"client.tensor.Tensor.{export}" in starts, f"no route for Tensor.{export}"
     assert any(hops[-1] == "driver:cuLaunchKernel" for _, hops in ROUTES)
 
 
@@ -122,8 +127,27 @@ def test_each_documented_hop_exists_and_names_the_next(module: str, hops: list[s
     _check_route(hops)
 
 
+def test_every_hop_of_the_client_routes_exists() -> None:
+    """Each named hop of the routes from the client resolves to a function (a renamed
+    part or method breaks its route here, not silently)."""
+    hops = {hop for _, route in ROUTES for hop in route if not hop.startswith("driver:")}
+    for hop in (
+        "client.launch.Launcher.launch",
+        "client.movement.DataMovement.read_on_actor",
+        "client.transfer._peer_copy",
+        "client.interop.export_dlpack",
+        "client.interop.cuda_array_interface",
+    ):
+        assert hop in hops, f"{hop} is on no documented route"
+    for hop in hops:
+        target: Any = resolve(hop)
+        assert callable(target) or isinstance(target, property), hop
+
+
 def test_a_wrong_route_is_caught() -> None:
     with pytest.raises(AttributeError):
-        _check_route(["client.commands.ClientCore.execute", "client.commands.ClientCore._nowhere"])
+        _check_route(
+            ["client.client.ComputeClient.execute", "client.client.ComputeClient._nowhere"]
+        )
     with pytest.raises(AssertionError, match="does not name the next hop"):
-        _check_route(["client.commands.ClientCore.execute", "channel.channel.Channel.take_held"])
+        _check_route(["client.client.ComputeClient.execute", "channel.channel.Channel.take_held"])

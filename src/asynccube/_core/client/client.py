@@ -1,13 +1,29 @@
 """ComputeClient: the public face of a server, driven through the channel.
 
-The commands themselves live in :mod:`.client_core` (:class:`~.client_core.ClientCore`);
-this module adds profiling, the timeline, numpy helpers and the lifecycle.
+One class, composed of named parts that each own one responsibility (the client holds
+them; each public method that is not on the hot path is a thin delegate to one):
+
+* :class:`~.dispatch.Dispatch`: sending a command to the actor with the calling task's
+  stream, fired or awaited, after a prepare job in a worker thread where needed;
+* :class:`~.memory.ClientMemory`: handles minted after the size checks, tensors and
+  their layouts, the memory commands;
+* :class:`~.movement.DataMovement`: snapshots and staging buffers, writes and reads;
+* :class:`~.launch.Launcher`: the actor's half of ``execute`` (prepare, fire, hold);
+* :class:`~.profiler.ClientProfiler`: profiles and the timeline;
+* :mod:`.arrays` (numpy helpers), :mod:`.graph` (captures), :mod:`.transfer`
+  (``to_client``) and :mod:`.interop` (DLPack): functions over the client.
+
+The hot path (``execute``, ``read``, ``sync``, ``empty``, ``create``) keeps its bodies
+here, one Python call each, with the server's compiled fast routes (``_fast``,
+``_fast_sync``) tried first.
+
+The route of each main command, hop by hop, is in the package's docstring
+(:mod:`asynccube._core.client`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import warnings
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -16,41 +32,46 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..channel.channel import BATCH_SECONDS, State
+from ..channel.channel import BATCH_SECONDS, Channel, State
+from ..channel.completion import one_step_later, others_ready
 from ..config.config import AsyncCubeConfig
-from ..config.logging import area_logger
-from ..errors import InvalidArgument, ProfileError
+from ..errors import InvalidArgument
 from ..memory.management import MemoryReport
 from ..profiling.records import ProfileSummary
 from ..profiling.timeline import Timeline
-from ..server.protocol import ComputeServer
+from ..server.protocol import BindingResource, ComputeServer, DeviceProperties
+from ..values.bindings import Bindings, CubeCount
+from ..values.kernel import Kernel
 from ..values.stream_id import StreamId
 from ..values.types import (
     AllocationKind,
     Binding,
     CopyDescriptor,
+    ExecutionMode,
     Handle,
+    MemoryAllocationMode,
+    MemoryUsage,
     ProfileDuration,
     ProfilingToken,
 )
-from .args import _array_layout, _dims, _numeric_dtype, _same_as_tensor, _whole
-from .commands import ClientCore
+from . import arrays
+from .args import DataLike, _bad_execute, _items, _whole
+from .dispatch import Dispatch
 from .graph import Graph, capture, release_graphs
-from .interop import import_dlpack, tensor_strides
+from .jobs import JobThread
+from .launch import Launcher
+from .memory import ClientMemory
+from .movement import DataMovement
+from .profiler import ClientProfiler
 from .tensor import Tensor
 from .transfer import to_client
 
 __all__ = ["ComputeClient"]
 
-_log = area_logger("profiling")
-_NOT_RECORDING = (
-    "nothing is recorded below profiling level 'medium': set [profiling] level = "
-    '"medium" (or "full") in asynccube.toml, or ASYNCCUBE_PROFILING_LEVEL=medium, '
-    "before opening the client"
-)
+_get_running_loop = asyncio._get_running_loop
 
 
-class ComputeClient(ClientCore):
+class ComputeClient:
     """Sends work to one server through an actor task on the current event loop
     (asyncio, uvloop included, or trio).
 
@@ -71,9 +92,22 @@ class ComputeClient(ClientCore):
         *,
         batch_seconds: float = BATCH_SECONDS,
     ) -> None:
-        super().__init__(server, loop, batch_seconds=batch_seconds)
-        self._profile_ids = itertools.count(1)
-        self._profiles: dict[int, ProfilingToken] = {}
+        self._server = server
+        self._channel = channel = Channel(server, loop, batch_seconds)
+        self._jobs = JobThread(loop)
+        self._graph_registry: Any = None  # graph.py's registry, once a capture ran
+        # Optional: a server's one-call launch route (CUDA: cuda/fast.py), offered each
+        # launch first; it declines (False) whatever it does not take, before any change.
+        fast = getattr(server, "fast_launcher", None)
+        self._fast: Any = fast(channel) if fast is not None else None
+        syncer = getattr(server, "fast_syncer", None)  # CUDA: cuda/fast_sync.py
+        self._fast_sync: Any = syncer(channel) if syncer is not None else None
+        # The parts (see the module docstring).
+        self._dispatch = dispatch = Dispatch(channel, self._jobs)
+        self._movement = DataMovement(server, channel, dispatch, self._jobs)
+        self._memory = ClientMemory(server, channel, dispatch, self._movement)
+        self._launcher = Launcher(server, channel, dispatch, self._fast)
+        self._profiler = ClientProfiler(server, channel, dispatch)
         self._closing: asyncio.Future[Any] | None = None
         self.profile_summary = ProfileSummary()
         """Named profiles (``client.profile(name)``) aggregated: count, total, mean..."""
@@ -82,30 +116,222 @@ class ComputeClient(ClientCore):
         self.config_from_code: frozenset[str] = frozenset()
         """The ``"section.key"`` values set in code (``open_client(config=...)``)."""
 
-    # -- profiling ----------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.device!r}, state={self._channel.state.value})"
+
+    @property
+    def device(self) -> str:
+        """The device string (``"host"``, ``"cuda:0"``)."""
+        return self._server.device
+
+    @property
+    def properties(self) -> DeviceProperties:
+        """The device's properties."""
+        return self._server.properties
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The client's event loop: asyncio's, or trio's adapter (``.token``: the run's)."""
+        return self._channel.loop
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called (or the client died)."""
+        return self._channel.state is not State.OPEN
+
+    @property
+    def server(self) -> ComputeServer:
+        """The server (for inspection; drive it only through the client)."""
+        return self._server
+
+    # -- allocation (the hot path's create and empty; tensors: the memory part) ---------
+
+    def create(self, data: DataLike) -> Handle:
+        """A new buffer holding a copy of ``data`` (bytes-like, or a numpy array's bytes).
+
+        ``bytes`` are taken by reference (immutable), buffers from :meth:`staging` are
+        handed over; any other buffer is copied now, so later changes to it do not leak
+        into the buffer, except on the host server, which borrows one of 1 MiB or more
+        (its worker copies it in stream order, off the loop): do not modify that one
+        until an awaited call on this stream after it returns (README, "Data is
+        snapshotted").
+        """
+        self._channel.check()
+        raw = self._movement.snapshot(data)
+        nbytes = memoryview(raw).nbytes
+        fast = self._fast  # FastLaunch.empty: a pool hit in one call, then the copy
+        handle: Handle | None = fast.empty(nbytes) if fast is not None else None
+        if handle is not None:
+            copy = [(handle.copy_descriptor((nbytes,), (1,), 1), raw)]
+            self._channel.send(self._movement.write_on_actor, StreamId.current(), copy)
+            return handle
+        handle = self._memory.mint(nbytes)
+        movement = self._movement
+        self._channel.send(movement.create_with_data, StreamId.current(), handle, raw)
+        return handle
+
+    def empty(self, size: int) -> Handle:
+        """A new uninitialized buffer of ``size`` bytes."""
+        fast = self._fast  # FastLaunch.empty: a pool hit in one call
+        if fast is not None:
+            taken: Handle | None = fast.empty(size)
+            if taken is not None:
+                return taken
+        channel = self._channel
+        if (
+            channel.state is not State.OPEN
+            or _get_running_loop() is not channel.loop
+            or channel.guard is not None  # a graph capture is open
+        ):
+            channel.check()  # raises, unless only the capture guard had to see it
+        stream = StreamId.current()
+        handle = self._memory.mint(size, stream)
+        channel.send(channel.fire, stream, self._server.create, [handle])
+        return handle
+
+    def create_tensors(
+        self,
+        data: Sequence[DataLike],
+        shapes: Sequence[Sequence[int]],
+        elem_sizes: Sequence[int],
+        kind: AllocationKind = AllocationKind.OPTIMIZED,
+    ) -> list[tuple[Handle, tuple[int, ...]]]:
+        """New tensors holding ``data`` (dense, row-major); returns (handle, strides)."""
+        return self._memory.create_tensors(data, shapes, elem_sizes, kind)
+
+    def empty_tensors(
+        self,
+        shapes: Sequence[Sequence[int]],
+        elem_sizes: Sequence[int],
+        kind: AllocationKind = AllocationKind.OPTIMIZED,
+    ) -> list[tuple[Handle, tuple[int, ...]]]:
+        """New uninitialized tensors; OPTIMIZED ones have pitched rows. Returns
+        (handle, strides in elements) for each."""
+        return self._memory.empty_tensors(shapes, elem_sizes, kind)
+
+    async def staging(self, sizes: Sequence[int]) -> list[npt.NDArray[np.uint8]]:
+        """Host buffers that ``write``/``create`` take without a copy (page-locked on
+        CUDA, so a write from one runs at full transfer bandwidth).
+
+        Fill one (``np.copyto(buf, data.view(np.uint8).ravel())``), then pass it to
+        ``write`` or ``create``: it is handed over, not snapshotted, so do not modify it
+        until that work is done (``await client.sync()``). Allocating page-locked memory
+        is slow, so this runs in a worker thread.
+        """
+        return await self._movement.staging(sizes)
+
+    # -- data movement (the hot path's read and sync; the rest: the data-movement part) -
+
+    def write(self, items: Sequence[tuple[CopyDescriptor, DataLike]], *extra: object) -> None:
+        """Write dense data into each (possibly strided) tensor, in stream order:
+        ``client.write([(descriptor, data), ...])`` (one list; ``extra`` is refused). The
+        data is snapshotted or borrowed as for :meth:`create`."""
+        self._movement.write(items, *extra)
+
+    def read(self, bindings: Sequence[Binding | Handle]) -> asyncio.Future[list[bytes]]:
+        """The bytes of each binding (awaitable)."""
+        fast = self._fast  # FastLaunch.read: a small read of one buffer in one call
+        if fast is not None and type(bindings) in (list, tuple) and len(bindings) == 1:
+            done = fast.read(bindings[0])
+            if done is not None:
+                return done  # type: ignore[no-any-return]
+        self._channel.check()
+        descs = [_whole(b) for b in _items("read", "bindings", bindings)]
+        channel = self._channel
+        return channel.request(self._movement.read_on_actor, StreamId.current(), descs)
+
+    def read_tensor(self, descriptors: Sequence[CopyDescriptor]) -> asyncio.Future[list[bytes]]:
+        """The bytes of each (possibly strided) tensor, densely packed (awaitable)."""
+        return self._movement.read_tensor(descriptors)
+
+    def sync(self) -> asyncio.Future[None]:
+        """Completes once all work queued so far, on every stream, is done (awaitable).
+
+        Raises the first error held for the calling task's stream. Graphs whose
+        ``Graph`` object is gone are released first, so their buffers count as free.
+        Awaiting it suspends at least once, even when the device is already done, so
+        tasks cancelled before it have unwound: the next ``memory_usage()`` counts
+        every handle dropped before the sync as free.
+        """
+        fast = self._fast_sync  # FastSync: the device is done within a few µs
+        if fast is not None and self._graph_registry is None:
+            done = fast()
+            if done is not None:
+                return done  # type: ignore[no-any-return]
+        self._channel.check()
+        if self._graph_registry is not None:
+            self._graph_registry.drain()
+        channel = self._channel
+        fut = channel.request(channel.await_completion, StreamId.current(), self._server.sync)
+        if fut.done() and others_ready(channel.loop, channel):
+            return one_step_later(channel.new_future, fut)  # settled inline: suspend once
+        return fut
+
+    def get_resource(self, binding: Binding | Handle) -> asyncio.Future[BindingResource[Any]]:
+        """The storage behind ``binding`` (a numpy view on host, a pointer on CUDA)."""
+        return self._movement.get_resource(binding)
+
+    # -- execution (the actor's half: the launcher part) --------------------------------
+
+    def execute(
+        self,
+        kernel: Kernel,
+        count: CubeCount,
+        bindings: Bindings,
+        mode: ExecutionMode = ExecutionMode.CHECKED,
+    ) -> None:
+        """Queue ``kernel`` over ``bindings`` with ``count`` cubes (fire-and-forget)."""
+        fast = self._fast  # the server's FastLaunch (CUDA: cuda/fast.py), or None
+        if fast is not None and fast(kernel, count, bindings, mode):
+            return  # taken in one call; else the Python route below
+        channel = self._channel
+        if (
+            channel.state is not State.OPEN
+            or _get_running_loop() is not channel.loop
+            or channel.guard is not None  # a graph capture is open
+        ):
+            channel.check()  # raises, unless only the capture guard had to see it
+        if type(kernel) is not Kernel or type(count) is not CubeCount:
+            _bad_execute(kernel, count, bindings, mode)
+        if type(bindings) is not Bindings or type(mode) is not ExecutionMode:
+            _bad_execute(kernel, count, bindings, mode)
+        if count.binding is not None and channel.guard is not None:
+            channel.guard("execute with a dynamic CubeCount")  # its count is read back first
+        launch = self._launcher.launch
+        channel.send(launch, StreamId.current(), kernel, count, bindings, mode)
+
+    def flush(self) -> None:
+        """Submit work buffered for the calling task's stream."""
+        self._channel.check()
+        self._dispatch.fire(self._server.flush)
+
+    # -- memory (the memory part) --------------------------------------------------------
+
+    def memory_usage(self) -> asyncio.Future[MemoryUsage]:
+        """Current memory usage (awaitable)."""
+        return self._memory.memory_usage()
+
+    def memory_report(self) -> asyncio.Future[MemoryReport]:
+        """Usage, pages and peaks of each memory pool (awaitable; an HTML table in Jupyter)."""
+        return self._memory.memory_report()
+
+    def memory_cleanup(self) -> None:
+        """Release memory nothing uses."""
+        self._memory.memory_cleanup()
+
+    def allocation_mode(self, mode: MemoryAllocationMode) -> None:
+        """Switch which pools new allocations come from (AUTO or PERSISTENT)."""
+        self._memory.allocation_mode(mode)
+
+    # -- profiling (the profiler part) ---------------------------------------------------
 
     def start_profile(self) -> ProfilingToken:
         """Start a profile of the work queued from now on; profiles nest and overlap."""
-        self._channel.check()
-        token = ProfilingToken(next(self._profile_ids))
-        self._send_fire(self._start_profile, token)
-        return token
-
-    def _start_profile(self, token: ProfilingToken, stream: StreamId) -> None:
-        self._profiles[token.id] = self._server.start_profile(stream)
+        return self._profiler.start_profile()
 
     def end_profile(self, token: ProfilingToken) -> asyncio.Future[ProfileDuration]:
         """End ``token``'s profile; the future gives its duration."""
-        self._channel.check()
-        if not isinstance(token, ProfilingToken):
-            raise InvalidArgument(f"expected a ProfilingToken, got {token!r}")
-        return self._request(self._end_profile, token)
-
-    def _end_profile(self, token: ProfilingToken, stream: StreamId) -> Any:
-        server_token = self._profiles.pop(token.id, None)
-        if server_token is None:
-            raise ProfileError(f"{token} was never started or has already ended")
-        return self._server.end_profile(stream, server_token)
+        return self._profiler.end_profile(token)
 
     @asynccontextmanager
     async def profile(self, name: str | None = None) -> AsyncIterator[list[ProfileDuration]]:
@@ -132,23 +358,9 @@ class ComputeClient(ClientCore):
         writes a Chrome trace / Perfetto JSON file; in Jupyter it renders as a plot.
         """
         await self.sync()
-        channel = self._channel
-        records = await channel.request(
-            channel.call, StreamId.current(), self._server.kernel_records
-        )
-        recorder = getattr(self._server, "recorder", None)
-        hint = "" if recorder is None or recorder.enabled else _NOT_RECORDING
-        if hint:
-            _log.warning("timeline(): %s", hint)
-        return Timeline(records, device=self.device, hint=hint)
+        return await self._profiler.timeline(self.device)
 
-    def memory_report(self) -> asyncio.Future[MemoryReport]:
-        """Usage, pages and peaks of each memory pool (awaitable; an HTML table in Jupyter)."""
-        self._channel.check()
-        channel = self._channel
-        return channel.request(channel.call, StreamId.current(), self._server.memory_report)
-
-    # -- numpy helpers ------------------------------------------------------------------
+    # -- numpy helpers (arrays.py) -------------------------------------------------------
 
     def create_array(self, array: npt.ArrayLike) -> Tensor:
         """A new tensor holding a copy of ``array`` (contiguous layout)."""
@@ -156,7 +368,7 @@ class ComputeClient(ClientCore):
         # one and packs it off the loop; anything else is converted here.
         arr = array if type(array) is np.ndarray and array.ndim else np.ascontiguousarray(array)
         handle = self.create(arr)
-        return Tensor(handle, arr.shape, tensor_strides(arr.shape, None), arr.dtype, self)
+        return arrays.create_array(self, handle, arr)
 
     def empty_array(
         self,
@@ -165,9 +377,7 @@ class ComputeClient(ClientCore):
         kind: AllocationKind = AllocationKind.CONTIGUOUS,
     ) -> Tensor:
         """A new uninitialized tensor of ``shape`` and ``dtype`` (numeric or bool)."""
-        dt, dims = _numeric_dtype("empty_array: dtype", dtype), _dims("empty_array: shape", shape)
-        ((handle, strides),) = self.empty_tensors([dims], [dt.itemsize], kind)
-        return Tensor(handle, dims, strides, dt, self)
+        return arrays.empty_array(self, shape, dtype, kind)
 
     def tensor(
         self,
@@ -178,13 +388,7 @@ class ComputeClient(ClientCore):
     ) -> Tensor:
         """A typed view of ``handle`` (C-contiguous unless ``strides``, in elements,
         are given) that exports through DLPack (``np.from_dlpack(view)``)."""
-        view = Tensor(handle, shape, tensor_strides(shape, strides), dtype, self)
-        needed = view.nbytes_spanned()
-        if needed > handle.size:
-            raise InvalidArgument(
-                f"{view!r} addresses {needed} bytes but {handle!r} holds {handle.size}"
-            )
-        return view
+        return arrays.tensor(self, handle, shape, dtype, strides)
 
     def from_dlpack(self, obj: Any) -> Tensor:
         """A tensor over ``obj``'s memory, without a copy (a numpy array on the host
@@ -193,8 +397,7 @@ class ComputeClient(ClientCore):
         tensor, its bindings or queued work refer to it; its memory never enters the
         pools. DLPackError names what stands in the way (another device, strides,
         dtype, read-only memory)."""
-        handle, shape, dtype = import_dlpack(self, obj)
-        return Tensor(handle, shape, tensor_strides(shape, None), dtype, self)
+        return arrays.from_dlpack(self, obj)
 
     async def read_array(
         self,
@@ -204,37 +407,7 @@ class ComputeClient(ClientCore):
     ) -> npt.NDArray[Any]:
         """Read a tensor (or a buffer, given ``dtype`` and optionally ``shape``) into a
         new numpy array of the right dtype and shape."""
-        if isinstance(source, Tensor):
-            _same_as_tensor(source, dtype, shape)
-            self._channel.check()
-            return await self._read_new(source.copy_descriptor(), source.dtype, source.shape)
-        if dtype is None:
-            raise InvalidArgument("read_array of a Handle or Binding needs dtype=")
-        dt, dims = _array_layout(source, dtype, shape)
-        self._channel.check()
-        return await self._read_new(_whole(source), dt, dims, source)
-
-    async def _read_new(
-        self,
-        desc: CopyDescriptor,
-        dt: np.dtype[Any],
-        dims: tuple[int, ...] | None,
-        buffer: Binding | Handle | None = None,
-    ) -> npt.NDArray[Any]:
-        """``read_array``'s read: a new array of ``desc``'s data, made by the server off
-        the loop where it can (host), else copied from the bytes read."""
-        # No local keeps a future: a failed one's error would hold this frame (its
-        # traceback) and the frame the future, a cycle only the gc breaks (issue 28).
-        pending: list[Any] = [self._read_arrays([desc])]
-        flat: npt.NDArray[Any]
-        if pending[0] is not None:
-            (raw,) = await _take(pending)
-            flat = raw.view(dt)
-        else:
-            pending[0] = self.read_tensor([desc]) if buffer is None else self.read([buffer])
-            (raw,) = await _take(pending)
-            flat = np.frombuffer(raw, dtype=dt).copy()
-        return flat if dims is None else flat.reshape(dims)
+        return await arrays.read_array(self, source, dtype, shape)
 
     # -- graphs and other clients ---------------------------------------------------------
 
@@ -257,6 +430,9 @@ class ComputeClient(ClientCore):
         (pinned) host memory. Ordered on both sides: the copy sees the work queued on
         ``handle`` so far; ``other``'s later work on the new handle sees the copy.
         """
+        self._channel.check()
+        if not isinstance(other, ComputeClient):
+            raise InvalidArgument(f"to_client needs another client, got {type(other).__name__}")
         return to_client(self, handle, other)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -300,8 +476,3 @@ class ComputeClient(ClientCore):
                 source=self,
                 stacklevel=2,
             )
-
-
-async def _take(pending: list[Any]) -> Any:
-    """Await the future in ``pending``, taking it out first (see ``_read_new``)."""
-    return await pending.pop()

@@ -30,7 +30,7 @@ from ..values.stream_id import StreamId, current_task
 
 if TYPE_CHECKING:
     from ..server.protocol import ComputeServer
-    from .commands import ClientCore
+    from .parts import ClientParts
 
 __all__ = ["Graph", "capture", "release_graphs"]
 
@@ -62,7 +62,7 @@ class _Capture:
 class _Registry:
     """A client's captures in progress (by stream slot) and live graphs."""
 
-    client: ClientCore
+    client: ClientParts
     captures: dict[int, _Capture] = field(default_factory=dict)
     graphs: dict[int, CapturedGraph] = field(default_factory=dict)
     dead: deque[int] = field(default_factory=deque)
@@ -121,7 +121,7 @@ def _releaser(graph: CapturedGraph) -> Any:
     return lambda stream: graph.release()
 
 
-def _registry(client: ClientCore) -> _Registry:
+def _registry(client: ClientParts) -> _Registry:
     reg: _Registry | None = client._graph_registry
     if reg is None:
         reg = client._graph_registry = _Registry(client)
@@ -149,7 +149,7 @@ class Graph:
     the client that captured it and may be replayed from any task of that client.
     """
 
-    def __init__(self, client: ClientCore, key: int) -> None:
+    def __init__(self, client: ClientParts, key: int) -> None:
         self._client = client
         self._key = key
         self._graph: CapturedGraph | None = None
@@ -200,7 +200,7 @@ def _forget(reg: _Registry, key: int, loop: asyncio.AbstractEventLoop) -> None:
 
 
 @asynccontextmanager
-async def capture(client: ClientCore) -> AsyncIterator[Graph]:
+async def capture(client: ClientParts) -> AsyncIterator[Graph]:
     """See :meth:`ComputeClient.capture`."""
     channel = client._channel
     channel.check()
@@ -232,7 +232,7 @@ async def capture(client: ClientCore) -> AsyncIterator[Graph]:
             channel.guard = None
 
 
-def _begin(client: ClientCore, cap: _Capture, fut: asyncio.Future[None]) -> None:
+def _begin(client: ClientParts, cap: _Capture, fut: asyncio.Future[None]) -> None:
     held = client._channel.take_held(cap.stream)
     try:
         if held is not None:
@@ -245,7 +245,7 @@ def _begin(client: ClientCore, cap: _Capture, fut: asyncio.Future[None]) -> None
     fut.set_result(None)
 
 
-def _end(client: ClientCore, cap: _Capture, fut: asyncio.Future[CapturedGraph]) -> None:
+def _end(client: ClientParts, cap: _Capture, fut: asyncio.Future[CapturedGraph]) -> None:
     server, cap.server = cap.server, None
     assert server is not None
     held = client._channel.take_held(cap.stream)
@@ -265,7 +265,7 @@ def _end(client: ClientCore, cap: _Capture, fut: asyncio.Future[CapturedGraph]) 
         fut.set_result(graph)
 
 
-def release_graphs(client: ClientCore) -> None:
+def release_graphs(client: ClientParts) -> None:
     """Release every graph of ``client`` (before it closes)."""
     reg: _Registry | None = getattr(client, "_graph_registry", None)
     if reg is None:

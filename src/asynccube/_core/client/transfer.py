@@ -27,19 +27,14 @@ from ..values.stream_id import StreamId
 from ..values.types import Binding, Handle
 
 if TYPE_CHECKING:
-    from .commands import ClientCore
+    from .parts import ClientParts
 
 __all__ = ["to_client"]
 
 
-def to_client(src: ClientCore, handle: Handle | Binding, other: ClientCore) -> Handle:
+def to_client(src: ClientParts, handle: Handle | Binding, other: ClientParts) -> Handle:
     """See :meth:`ComputeClient.to_client`."""
-    src._channel.check()
-    from .commands import ClientCore
-
-    if not isinstance(other, ClientCore):
-        raise InvalidArgument(f"to_client needs another client, got {type(other).__name__}")
-    other._channel.check()
+    other._channel.check()  # the caller checked its own channel and ``other``'s type
     if other is src:
         raise InvalidArgument("to_client needs another client; the handle is already on this one")
     binding = _binding(handle)
@@ -48,7 +43,7 @@ def to_client(src: ClientCore, handle: Handle | Binding, other: ClientCore) -> H
             f"{binding!r} does not belong to this {src.device} client (it is another "
             "client's, or a closed one's); call to_client on the client that created it"
         )
-    dst = other._mint(binding.size)
+    dst = other._memory.mint(binding.size)
     stream = StreamId.current()
     if _peer(src, other):
         _peer_copy(src, binding, other, dst, stream)
@@ -75,7 +70,7 @@ def _binding(handle: object) -> Binding:
     raise InvalidArgument(f"to_client copies a Handle or Binding, got {type(handle).__name__}")
 
 
-def _peer(src: ClientCore, dst: ClientCore) -> bool:
+def _peer(src: ClientParts, dst: ClientParts) -> bool:
     if src.server.properties.kind != "cuda" or dst.server.properties.kind != "cuda":
         return False
     from ..cuda.peer import can_copy
@@ -83,13 +78,13 @@ def _peer(src: ClientCore, dst: ClientCore) -> bool:
     return can_copy(src.server, dst.server)
 
 
-def _fail(client: ClientCore, dst: Handle, stream: StreamId, exc: BaseException) -> None:
+def _fail(client: ClientParts, dst: Handle, stream: StreamId, exc: BaseException) -> None:
     client.server.fail_handle(dst, exc)  # type: ignore[attr-defined]
     client._channel.hold(stream, exc)
 
 
 def _write_when_read(
-    other: ClientCore, dst: Handle, data: asyncio.Future[list[Any]], stream: StreamId
+    other: ClientParts, dst: Handle, data: asyncio.Future[list[Any]], stream: StreamId
 ) -> Any:
     if data.done():
         return _write(other, dst, data, stream)
@@ -97,7 +92,7 @@ def _write_when_read(
 
 
 async def _after_read(
-    other: ClientCore, dst: Handle, data: asyncio.Future[list[Any]], stream: StreamId
+    other: ClientParts, dst: Handle, data: asyncio.Future[list[Any]], stream: StreamId
 ) -> None:
     await other._channel.backend.wait(data)  # a request future: a dead channel fails it
     other._channel.activate()
@@ -107,17 +102,17 @@ async def _after_read(
 
 
 def _write(
-    other: ClientCore, dst: Handle, data: asyncio.Future[list[Any]], stream: StreamId
+    other: ClientParts, dst: Handle, data: asyncio.Future[list[Any]], stream: StreamId
 ) -> Any:
     exc = data.exception()
     if exc is not None:
         _fail(other, dst, stream, exc)
         return None
-    return other._create_with_data(stream, dst, data.result()[0])
+    return other._movement.create_with_data(stream, dst, data.result()[0])
 
 
 def _peer_copy(
-    src: ClientCore, binding: Binding, other: ClientCore, dst: Handle, stream: StreamId
+    src: ClientParts, binding: Binding, other: ClientParts, dst: Handle, stream: StreamId
 ) -> None:
     """Three commands, sent at once: export on the source, import and copy on the
     destination, finish on the source. When both actors are idle (the usual case) all
@@ -134,7 +129,7 @@ def _peer_copy(
 
 
 def _source_side(
-    src: ClientCore, binding: Binding, ready: asyncio.Future[Any], stream: StreamId
+    src: ClientParts, binding: Binding, ready: asyncio.Future[Any], stream: StreamId
 ) -> None:
     from ..cuda import peer
 
@@ -149,8 +144,8 @@ def _source_side(
 
 
 def _source_finish(
-    src: ClientCore,
-    other: ClientCore,
+    src: ClientParts,
+    other: ClientParts,
     binding: Binding,
     ready: asyncio.Future[Any],
     copied: asyncio.Future[Any],
@@ -164,7 +159,7 @@ def _source_finish(
 
 
 async def _source_done(
-    src: ClientCore, other: ClientCore, binding: Binding, source: Any, copied: asyncio.Future[Any]
+    src: ClientParts, other: ClientParts, binding: Binding, source: Any, copied: asyncio.Future[Any]
 ) -> None:
     await _wait(copied)
     src._channel.activate()
@@ -172,7 +167,7 @@ async def _source_done(
 
 
 def _finish(
-    src: ClientCore, other: ClientCore, binding: Binding, source: Any, copied: asyncio.Future[Any]
+    src: ClientParts, other: ClientParts, binding: Binding, source: Any, copied: asyncio.Future[Any]
 ) -> None:
     from ..cuda import peer
 
@@ -183,8 +178,8 @@ def _finish(
 
 
 def _dest_side(
-    src: ClientCore,
-    other: ClientCore,
+    src: ClientParts,
+    other: ClientParts,
     dst: Handle,
     ready: asyncio.Future[Any],
     copied: asyncio.Future[Any],
@@ -199,8 +194,8 @@ def _dest_side(
 
 
 async def _dest_side_later(
-    src: ClientCore,
-    other: ClientCore,
+    src: ClientParts,
+    other: ClientParts,
     dst: Handle,
     ready: asyncio.Future[Any],
     copied: asyncio.Future[Any],
@@ -224,7 +219,7 @@ async def _dest_side_later(
 
 
 def _import(
-    other: ClientCore,
+    other: ClientParts,
     dst: Handle,
     ready: asyncio.Future[Any],
     copied: asyncio.Future[Any],
@@ -240,7 +235,7 @@ def _import(
 
 
 def _give_up(
-    other: ClientCore,
+    other: ClientParts,
     dst: Handle,
     copied: asyncio.Future[Any],
     stream: StreamId,

@@ -1,6 +1,7 @@
 """How a tensor's exports (:mod:`.interop`) see a tensor and the client that made it, as
 protocols: :mod:`.interop` is written against them, so it imports neither :mod:`.tensor`
-(whose DLPack methods call it) nor the client's commands (which make tensors)."""
+(whose DLPack methods call it) nor the client (which makes tensors).
+:mod:`.parts` does the same for the client's helper modules."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 ``client.execute(kernel, count, bindings, mode)`` on CUDA first offers the launch to a
 ``FastLaunch`` built here for the client's channel and server (the compiled one from
 ``_native_fast.c``, or its twin ``_twin_fast.py``). It does in one call what the Python
-route does through ``ClientCore.execute`` -> ``Channel.send`` (run inline) ->
-``ClientCore._execute`` -> ``LaunchOps.execute``, for the launch that route runs
+route does through ``ComputeClient.execute`` -> ``Channel.send`` (run inline) ->
+``Launcher.launch`` -> ``LaunchOps.execute``, for the launch that route runs
 without surprises:
 
 * the channel is open, called on its loop (asyncio's; under trio, the backend says),
@@ -33,7 +33,7 @@ else returns False before any state changed, and the caller takes the Python rou
 which handles the rest (and raises what it raises). ``stats`` counts both outcomes.
 
 ``fast.queued(kernel, count, bindings, mode, sid)`` is the same route for a launch that
-waited in the channel's queue, offered by ``ClientCore._execute`` when the actor runs
+waited in the channel's queue, offered by ``Launcher.launch`` when the actor runs
 it (a caller running it inline was just declined): on the StreamId it was sent with,
 on the same conditions less the caller's (its loop, an idle actor with nothing queued),
 and without ending the server's batch (the actor does). ``queued_stats`` counts it apart.

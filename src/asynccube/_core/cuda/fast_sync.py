@@ -1,6 +1,6 @@
 """``client.sync()`` in one call when the device is (nearly) done: :class:`FastSync`.
 
-The route (``ClientCore.sync`` -> ``Channel.request`` -> ``await_completion`` ->
+The route (``ComputeClient.sync`` -> ``Channel.request`` -> ``await_completion`` ->
 ``CudaServer.sync``) records an event on every stream with work not yet known done and
 hands a completion to the watcher. When that work ends within a few µs (a sync right
 after a short kernel), most of the cost is that machinery. ``FastSync`` polls each such

@@ -155,12 +155,12 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps):
 
     def fast_launcher(self, channel: Any) -> Any:
         """The ``FastLaunch`` that takes a client's common launches in one call
-        (:mod:`.fast`); ``ClientCore.execute`` offers it each launch first."""
+        (:mod:`.fast`); ``ComputeClient.execute`` offers it each launch first."""
         return fast_launch(self, channel)
 
     def fast_syncer(self, channel: Any) -> FastSync:
         """The ``FastSync`` that settles a client's sync at once when the device is
-        done within a few µs (:mod:`.fast_sync`); ``ClientCore.sync`` offers it first."""
+        done within a few µs (:mod:`.fast_sync`); ``ComputeClient.sync`` offers it first."""
         return FastSync(self, channel)
 
     def warm(self) -> None:

@@ -1,7 +1,7 @@
 /* asynccube._core.cuda.native._native: FastLaunch.empty, a pool hit's whole route in one call
  * (see fast.py; the twin is FastLaunch.empty in _twin_alloc.py).
  *
- * fast.empty(size) -> a new Handle, or None. It takes what ClientCore.empty ->
+ * fast.empty(size) -> a new Handle, or None. It takes what ComputeClient.empty ->
  * Channel.send (inline) -> SliceServer.create runs when a handle dropped since the
  * last allocation left a slice of exactly `size` requested bytes in the pool a
  * reservation of `size` goes to: the route would drain the release queue (each id's

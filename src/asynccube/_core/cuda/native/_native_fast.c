@@ -2,7 +2,7 @@
  * fast.py for the contract and _twin_fast.py for the pure-Python twin).
  *
  * FastLaunch(channel, loop, ...)(kernel, count, bindings, mode) -> bool runs what
- * ClientCore.execute -> Channel.send (inline) -> LaunchOps.execute would run for the
+ * ComputeClient.execute -> Channel.send (inline) -> LaunchOps.execute would run for the
  * common launch: an open channel called on its loop with no capture, an idle actor
  * with nothing queued, the task's own stream, the device's context current, no
  * recorder, a loaded kernel with a static count and no tensor maps, every buffer's
@@ -242,7 +242,7 @@ static PyObject *fast_vectorcall(PyObject *self, PyObject *const *a, size_t narg
 }
 
 /* fast.queued(kernel, count, bindings, mode, sid) -> bool: the launch as the actor runs
- * it from its queue (ClientCore._execute): the same route, on the StreamId it was sent
+ * it from its queue (Launcher.launch): the same route, on the StreamId it was sent
  * with, without the caller's checks (its loop, an idle actor) or after(). */
 static PyObject *fast_queued(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     if (nargs_ok(n, 5, "FastLaunch.queued") < 0) return NULL;

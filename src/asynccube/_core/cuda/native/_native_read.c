@@ -1,7 +1,7 @@
 /* asynccube._core.cuda.native._native: FastLaunch.read, a small read's whole route in one call
  * (see fast.py; the twin is FastLaunch.read in _twin_fast.py).
  *
- * fast.read(item) -> a future of [bytes], or None. It takes what ClientCore.read ->
+ * fast.read(item) -> a future of [bytes], or None. It takes what ComputeClient.read ->
  * Channel.request (inline) -> await_completion -> TransferOps._read_small would run for
  * one Handle or Binding of at most small_max bytes: the channel ready as for a launch,
  * no error held, the task's stream, a known address, the buffers last used on this
