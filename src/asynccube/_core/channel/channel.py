@@ -11,18 +11,17 @@ raised by the next awaited command there; awaited commands resolve a future thro
 the completion watcher, on the backend's loop (:mod:`.backend`: asyncio's own, or
 trio's adapter): :mod:`.settle`, the channel's base. If the actor dies, every pending
 and later awaitable fails at once with ClientDeadError (after a sticky device error,
-with that DeviceError).
+with that DeviceError): :mod:`.closing`, with the close.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import (
@@ -32,26 +31,19 @@ from ..errors import (
     InvalidArgument,
     LoopMismatchError,
 )
-from ..server.protocol import Completion, ComputeServer
+from ..server.protocol import ComputeServer
 from .awaitable import ClientFuture
 from .backend import backend_of
+from .closing import State, begin_close, die
+from .closing import awaited as _awaited
 from .completion import CompletionWatcher
-from .held import HeldErrors, combine
+from .held import HeldErrors
 from .settle import PRUNE_AT, Op, Settling
 
 __all__ = ["BATCH_SECONDS", "Channel", "State"]
 
 BATCH_SECONDS = 0.001
 """The default budget of commands per loop iteration (``streaming.batch_us``: 1000)."""
-
-
-class State(enum.Enum):
-    """Life cycle of a channel."""
-
-    OPEN = "open"
-    CLOSING = "closing"
-    CLOSED = "closed"
-    DEAD = "dead"
 
 
 class Channel(Settling):
@@ -311,84 +303,14 @@ class Channel(Settling):
                 deadline = clock() + self.budget
         self._end_batch()
 
-    # -- close and death ----------------------------------------------------------------
+    # -- close and death (:mod:`.closing`) ----------------------------------------------
 
     def begin_close(self) -> asyncio.Future[Any]:
         """Refuse new commands; queue the close after what is already queued."""
-        self.state = State.CLOSING
-        fut: asyncio.Future[Any] = self.loop.create_future()  # the client's own: plain
-        self._pending.add(fut)
-        self.send(self._close, fut)
-        return fut
-
-    def _close(self, fut: asyncio.Future[Any]) -> None:
-        self._stop = True
-        try:
-            completion = self.server.close()
-        except BaseException as exc:
-            self._closed(fut, exc)
-            return
-        self.watcher.watch(completion, lambda c: self._closed(fut, _error_of(c)))
-
-    def _closed(self, fut: asyncio.Future[Any], error: BaseException | None) -> None:
-        self.state = State.CLOSED
-        self.watcher.shutdown()
-        leftovers = self._unretrieved() + self._held.drain()
-        if error is not None:
-            leftovers.insert(0, error)
-        self._pending.discard(fut)
-        if fut.done():  # the close was cancelled: report them to the loop, not lose them
-            for exc in leftovers:
-                self.loop.call_exception_handler(
-                    {"message": "asynccube: an error nobody awaited, at close", "exception": exc}
-                )
-            return
-        if leftovers:
-            fut.set_exception(combine(leftovers, "also unobserved at close"))
-        else:
-            fut.set_result(None)
-
-    def _unretrieved(self) -> list[BaseException]:
-        """The errors of failed awaitables still alive that nobody retrieved (claimed
-        now: they are raised by ``close()``, and not given back when dropped)."""
-        errors = []
-        for fut in list(self._unclaimed):
-            if fut.done() and not fut.cancelled() and fut._log_traceback:
-                error = fut.exception()
-                if error is not None:
-                    errors.append(error)
-        self._unclaimed.clear()
-        return errors
+        return begin_close(self)
 
     def _die(self, exc: BaseException) -> None:
-        if self.state is State.DEAD:
-            return
-        self._death = exc
-        self.state = State.DEAD
-        self._stop = True
-        for op, args in self._queue:
-            if op is _awaited:
-                args[0].close()  # a started-inline command that will never run
-        self._queue.clear()
-        wakeup, self._wakeup = self._wakeup, None
-        if wakeup is not None and not wakeup.done():
-            wakeup.set_result(None)  # the sleeping actor sees _stop and ends
-        error = self._unusable()
-        for fut in list(self._pending):
-            if not fut.done():
-                fut.set_exception(error)
-        self._pending.clear()
-        self.watcher.shutdown()
-        self._shutdown_server()
-
-    def _shutdown_server(self) -> None:
-        try:
-            if self._activate is not None:
-                self._activate()
-            self.server.close()
-        except BaseException as exc:  # the server is broken; the death cause is kept
-            if self._death is not None:
-                self._death.add_note(f"closing the server after death also failed: {exc!r}")
+        die(self, exc)
 
     async def wait_actor(self) -> None:
         """Wait for the actor task to end (after close or death)."""
@@ -418,16 +340,3 @@ _BLOCKED = (
     "a command queued before this call waits on a job in a worker thread (a kernel "
     "compile, or a large copy being staged)"
 )
-
-
-def _awaited(pending: Awaitable[None]) -> Awaitable[None]:
-    """A queued command that is an awaitable already started inline."""
-    return pending
-
-
-def _error_of(completion: Completion[Any]) -> BaseException | None:
-    try:
-        completion.result()
-    except BaseException as exc:
-        return exc
-    return None

@@ -10,6 +10,7 @@ them; each public method that is not on the hot path is a thin delegate to one):
 * :class:`~.movement.DataMovement`: snapshots and staging buffers, writes and reads;
 * :class:`~.launch.Launcher`: the actor's half of ``execute`` (prepare, fire, hold);
 * :class:`~.profiler.ClientProfiler`: profiles and the timeline;
+* :class:`~.lifecycle.Lifecycle`: the close (and :mod:`.lifecycle`'s exit and warning);
 * :mod:`.arrays` (numpy helpers), :mod:`.graph` (captures), :mod:`.transfer`
   (``to_client``) and :mod:`.interop` (DLPack): functions over the client.
 
@@ -24,9 +25,8 @@ The route of each main command, hop by hop, is in the package's docstring
 from __future__ import annotations
 
 import asyncio
-import warnings
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,7 @@ from .dispatch import Dispatch
 from .graph import Graph, capture, release_graphs
 from .jobs import JobThread
 from .launch import Launcher
+from .lifecycle import Lifecycle, close_within, warn_unclosed
 from .memory import ClientMemory
 from .movement import DataMovement
 from .profiler import ClientProfiler
@@ -108,7 +109,7 @@ class ComputeClient:
         self._memory = ClientMemory(server, channel, dispatch, self._movement)
         self._launcher = Launcher(server, channel, dispatch, self._fast)
         self._profiler = ClientProfiler(server, channel, dispatch)
-        self._closing: asyncio.Future[Any] | None = None
+        self._lifecycle = Lifecycle(channel, self._jobs)
         self.profile_summary = ProfileSummary()
         """Named profiles (``client.profile(name)``) aggregated: count, total, mean..."""
         self.config: AsyncCubeConfig | None = None
@@ -333,22 +334,15 @@ class ComputeClient:
         """End ``token``'s profile; the future gives its duration."""
         return self._profiler.end_profile(token)
 
-    @asynccontextmanager
-    async def profile(self, name: str | None = None) -> AsyncIterator[list[ProfileDuration]]:
+    def profile(
+        self, name: str | None = None
+    ) -> AbstractAsyncContextManager[list[ProfileDuration]]:
         """``async with client.profile("step") as out:`` profiles the block.
 
         ``out[0]`` is the duration once the block has exited; a named profile is also
         added to :attr:`profile_summary`.
         """
-        token = self.start_profile()
-        out: list[ProfileDuration] = []
-        try:
-            yield out
-        finally:
-            duration = await self.end_profile(token)
-            out.append(duration)
-            if name is not None:
-                self.profile_summary.add(name, duration)
+        return self._profiler.profile(name, self.profile_summary)
 
     async def timeline(self) -> Timeline:
         """The kernels and copies recorded so far, per stream, once queued work is done.
@@ -443,36 +437,13 @@ class ComputeClient:
         Raises the first fire-and-forget error nobody awaited (others attached as
         notes), after closing. Closing again is a no-op.
         """
-        channel = self._channel
-        if channel.state is State.OPEN:
-            release_graphs(self)
-            self._closing = channel.begin_close()
-        try:
-            if self._closing is not None and not self._closing.done():
-                await channel.backend.shield(self._closing)
-            await channel.wait_actor()
-        finally:
-            self._jobs.close()
+        await self._lifecycle.close(lambda: release_graphs(self))
 
     async def __aenter__(self) -> ComputeClient:
         return self
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
-        try:
-            await self.close()
-        except Exception as error:
-            if not isinstance(exc, BaseException):
-                raise
-            # The block's own exception propagates; the close error is not lost with it.
-            exc.add_note(f"closing the client also raised {type(error).__name__}: {error}")
+        await close_within(self.close(), exc)
 
     def __del__(self) -> None:
-        channel = getattr(self, "_channel", None)
-        if channel is not None and channel.state is State.OPEN:
-            warnings.warn(
-                f"unclosed {self!r}: use `async with open_client() as client:` or "
-                "`await client.close()`",
-                ResourceWarning,
-                source=self,
-                stacklevel=2,
-            )
+        warn_unclosed(self, getattr(self, "_channel", None))

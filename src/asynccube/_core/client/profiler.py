@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from ..channel.channel import Channel
 from ..config.logging import area_logger
 from ..errors import InvalidArgument, ProfileError
+from ..profiling.records import ProfileSummary
 from ..profiling.timeline import Timeline
 from ..server.protocol import ComputeServer
 from ..values.stream_id import StreamId
@@ -61,6 +64,21 @@ class ClientProfiler:
         if server_token is None:
             raise ProfileError(f"{token} was never started or has already ended")
         return self._server.end_profile(stream, server_token)
+
+    @asynccontextmanager
+    async def profile(
+        self, name: str | None, summary: ProfileSummary
+    ) -> AsyncIterator[list[ProfileDuration]]:
+        """See :meth:`ComputeClient.profile` (a named profile is added to ``summary``)."""
+        token = self.start_profile()
+        out: list[ProfileDuration] = []
+        try:
+            yield out
+        finally:
+            duration = await self.end_profile(token)
+            out.append(duration)
+            if name is not None:
+                summary.add(name, duration)
 
     async def timeline(self, device: str) -> Timeline:
         """The records kept so far (the caller synced first), with a hint where the

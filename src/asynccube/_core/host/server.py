@@ -8,10 +8,8 @@ slice is never reused while a queued task may still touch it.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -20,7 +18,7 @@ import numpy.typing as npt
 
 from ..channel.held import HeldErrors
 from ..config.logging import ServerLogger
-from ..errors import DLPackError, InvalidArgument, InvalidHandle, ProfileError
+from ..errors import InvalidHandle, ProfileError
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
 from ..memory.config import with_host_limit
 from ..memory.slice import SliceHandle
@@ -29,12 +27,11 @@ from ..memory.table import SliceTable
 from ..profiling.records import KernelRecord, KernelRecorder
 from ..server.handles import SliceServer
 from ..server.host_copies import borrow, dense, source_nbytes
-from ..server.launch_limits import HOST_LIMITS, check_launch
 from ..server.layout import check_copy, gather, gather_array, scatter
 from ..server.protocol import BindingResource, BytesLike, DeviceProperties
 from ..stream.multi import MultiStream
 from ..values.bindings import Bindings, CubeCount
-from ..values.kernel import HostLaunch, Kernel, LaunchGuard, launch_maps, launch_views
+from ..values.kernel import Kernel
 from ..values.stream_id import StreamId
 from ..values.types import (
     Binding,
@@ -45,10 +42,12 @@ from ..values.types import (
     MemoryUsage,
     ProfileDuration,
     ProfilingToken,
-    TimingMethod,
 )
-from .interop_wait import EXPORT_WAIT_SECONDS, wait_briefly
-from .tasks import CloseState, completing, guarded, read_count, recorded
+from .interop_wait import wait_for_export
+from .kernels import kernel_task
+from .profiles import duration, timestamp
+from .shutdown import close_workers
+from .tasks import completing, guarded, recorded
 from .worker import HostBackend, HostCompletion, HostStream
 
 __all__ = ["HostServer"]
@@ -225,20 +224,7 @@ class HostServer(SliceServer[_Bound]):
         (``interop_wait``); work still running then is refused with DLPackError rather
         than the event loop being blocked (see :mod:`..interop`)."""
         view = self._view(binding)
-        self._backend.flush_dirty()  # every stream's tasks, and the events they wait on
-        worker = self._streams.streams.get(self._streams.origin(binding)[0]).stream
-        if worker.finished == worker.submitted:
-            return view
-        reached = threading.Event()
-        worker.submit(reached.set)
-        worker.flush()
-        if not wait_briefly(reached):
-            raise DLPackError(
-                f"the work queued on this tensor is still running on the host server "
-                f"after {EXPORT_WAIT_SECONDS * 1e3:g} ms (a long kernel or copy), and a "
-                "CPU consumer cannot be ordered after it (it has no stream) without "
-                "blocking the event loop; `await client.sync()` first, then export"
-            )
+        wait_for_export(self._backend, self._streams, binding)
         return view
 
     def import_view(self, handle: Handle, view: View, stream: StreamId) -> None:
@@ -279,51 +265,8 @@ class HostServer(SliceServer[_Bound]):
         stream: StreamId,
     ) -> None:
         """Queue ``kernel``'s host function on the stream's worker."""
-        fn = kernel.host_part("host")
-        view = self._view
-        used = list(bindings.buffers)
-        views = [view(b) for b in used] if used else []
-        maps = []
-        if bindings.tensor_maps:
-            maps = [(t, view(t.binding)) for t in bindings.tensor_maps]
-            used += [t.binding for t in bindings.tensor_maps]
-        count_view = None
-        if count.binding is not None:
-            count_view = self._count_view(count.binding)
-            used.append(count.binding)
-        scalars = (
-            {dt: sb.values() for dt, sb in bindings.scalars.items()} if bindings.scalars else {}
-        )
-        metadata = bindings.metadata.data
-        static = (count.x, count.y, count.z)
-        checked = mode is ExecutionMode.CHECKED
-        if checked and count_view is None:  # the GPU's limits, so no surprise on a GPU
-            check_launch(kernel.id, "host", static, HOST_LIMITS, kernel.cuda)
+        run, used = kernel_task(kernel, count, bindings, mode, self._view)
         target = self._streams.resolve(stream, used).stream
-
-        def run() -> None:
-            # ``used`` keeps every binding (so every slice) alive until the kernel has run.
-            dims = static
-            if count_view is not None:
-                dims = read_count(count_view)
-                if checked:
-                    check_launch(kernel.id, "host", dims, HOST_LIMITS, kernel.cuda)
-            handed = launch_views(views) if views else []
-            launch = HostLaunch(handed, scalars, metadata, dims, launch_maps(maps))
-            guard = LaunchGuard(launch)  # views kept past the launch fail it (kernel.py)
-            guard.arm()
-            try:
-                fn(launch)
-            except BaseException:
-                guard.failed(used)  # what it may have kept still reserves its buffers
-                used.clear()
-                raise
-            kept = guard.check(kernel.id, used)
-            used.clear()
-            if kept is not None:
-                del launch, handed  # the error's traceback holds this frame: no view in it
-                raise kept
-
         recorder = self.recorder
         if recorder.enabled:
             run = recorded(run, recorder, kernel.id, stream.value, "kernel", None)
@@ -331,14 +274,6 @@ class HostServer(SliceServer[_Bound]):
         written += [t.binding.memory.id for t in bindings.tensor_maps]
         what = f"kernel {kernel.id!r}"
         target.submit(guarded(run, self.held_errors, stream, what, written))
-
-    def _count_view(self, binding: Binding) -> View:
-        if binding.size < 12:
-            raise InvalidArgument(
-                f"a dynamic CubeCount needs 12 bytes (uint32 x, y, z); {binding!r} has "
-                f"{binding.size}"
-            )
-        return self._view(binding)
 
     def flush(self, stream: StreamId) -> None:
         """Hand the stream's buffered tasks to its worker."""
@@ -403,7 +338,7 @@ class HostServer(SliceServer[_Bound]):
     def start_profile(self, stream: StreamId) -> ProfilingToken:
         """Start a wall-clock profile once all queued work is done."""
         token = ProfilingToken(next(self._tokens))
-        self._profiles[token.id] = self._timestamp(stream)
+        self._profiles[token.id] = timestamp(self.sync(stream))
         return token
 
     def end_profile(
@@ -413,31 +348,7 @@ class HostServer(SliceServer[_Bound]):
         start = self._profiles.pop(token.id, None)
         if start is None:
             raise ProfileError(f"{token} was never started or has already ended")
-        end = self._timestamp(stream)
-        done: HostCompletion[ProfileDuration] = HostCompletion()
-
-        def finish() -> None:
-            try:
-                done.set_result(ProfileDuration(start.result(), end.result(), TimingMethod.FULL))
-            except BaseException as exc:
-                done.set_error(exc)
-
-        end.add_done_callback(finish)
-        return done
-
-    def _timestamp(self, stream: StreamId) -> HostCompletion[int]:
-        barrier = self.sync(stream)
-        stamp: HostCompletion[int] = HostCompletion()
-
-        def take() -> None:
-            try:
-                barrier.result()
-                stamp.set_result(time.perf_counter_ns())
-            except BaseException as exc:
-                stamp.set_error(exc)
-
-        barrier.add_done_callback(take)
-        return stamp
+        return duration(start, timestamp(self.sync(stream)))
 
     # -- shutdown -------------------------------------------------------------------
 
@@ -447,29 +358,10 @@ class HostServer(SliceServer[_Bound]):
         Errors still held by a stream (fire-and-forget work nobody awaited) fail the
         returned completion, so they are not lost.
         """
-        workers = self._streams.existing_streams()
-        done: HostCompletion[None] = HostCompletion()
-        state = CloseState(len(workers))
-        for worker in workers:
-            worker.stop(functools.partial(self._worker_exited, worker, state, done))
-        if not workers:
-            self._finish_close(state, done)
-        return done
+        return close_workers(self._streams.existing_streams(), self._free)
 
-    def _worker_exited(
-        self, worker: HostStream, state: CloseState, done: HostCompletion[None]
-    ) -> None:
-        if state.exited(worker.take_error()):
-            self._finish_close(state, done)
-
-    def _finish_close(self, state: CloseState, done: HostCompletion[None]) -> None:
+    def _free(self) -> list[BaseException]:
+        """Free the table and the memory (every worker has exited); the errors held."""
         self._table.close()
         self._memory.close()
-        errors = state.errors + self.held_errors.drain()  # work nobody awaited
-        if errors:
-            first = errors[0]
-            for other in errors[1:]:
-                first.add_note(f"also unobserved at close: {type(other).__name__}: {other}")
-            done.set_error(first)
-        else:
-            done.set_result(None)
+        return self.held_errors.drain()

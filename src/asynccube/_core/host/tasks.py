@@ -2,18 +2,14 @@
 
 Each wraps a piece of work: ``guarded`` holds its error for the logical stream that
 queued it, ``completing`` resolves a completion (or fails it with that stream's held
-error), ``recorded`` times it for the timeline; ``CloseState`` counts workers exiting.
+error), ``recorded`` times it for the timeline.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
-
-import numpy as np
-import numpy.typing as npt
 
 from ..channel.held import HeldErrors
 from ..errors import AsyncCubeError, ExecutionError
@@ -21,7 +17,7 @@ from ..profiling.records import KernelRecorder, RecordKind
 from ..values.stream_id import StreamId
 from .worker import HostCompletion
 
-__all__ = ["CloseState", "completing", "failed", "guarded", "read_count", "recorded"]
+__all__ = ["completing", "failed", "guarded", "recorded"]
 
 T = TypeVar("T")
 
@@ -84,25 +80,6 @@ def completing(
     return run
 
 
-class CloseState:
-    """Counts workers still running at close and the errors they held."""
-
-    __slots__ = ("errors", "lock", "remaining")
-
-    def __init__(self, workers: int) -> None:
-        self.remaining = workers
-        self.errors: list[BaseException] = []
-        self.lock = threading.Lock()
-
-    def exited(self, error: BaseException | None) -> bool:
-        """Record one worker's exit; True for the last."""
-        with self.lock:
-            if error is not None:
-                self.errors.append(error)
-            self.remaining -= 1
-            return self.remaining == 0
-
-
 def recorded(
     fn: Callable[[], T],
     recorder: KernelRecorder,
@@ -122,9 +99,3 @@ def recorded(
             recorder.record(name, stream, kind, queued, start, time.perf_counter_ns(), nbytes)
 
     return timed
-
-
-def read_count(view: npt.NDArray[np.uint8]) -> tuple[int, int, int]:
-    """A dynamic cube count: the ``uint32`` triple at the start of ``view``."""
-    x, y, z = (int(v) for v in view[:12].view(np.uint32))
-    return x, y, z

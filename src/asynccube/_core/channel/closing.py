@@ -1,0 +1,156 @@
+"""How a channel ends (the states of :class:`~.channel.Channel`, its close and its
+death), as functions over the channel, which keeps thin methods for them.
+
+``close`` refuses new commands and queues the server's close after what is queued;
+once the server has closed, the close's future raises every error nobody awaited
+(combined). A death (a command raised, the actor was cancelled) fails every pending
+awaitable at once, drops what is queued and closes the server."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import weakref
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from ..errors import AsyncCubeError
+from ..server.protocol import Completion
+from .completion import CompletionWatcher
+from .held import HeldErrors, combine
+from .settle import Op
+
+__all__ = ["Ending", "State", "awaited", "begin_close", "die"]
+
+
+class State(enum.Enum):
+    """Life cycle of a channel."""
+
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    DEAD = "dead"
+
+
+def awaited(pending: Awaitable[None]) -> Awaitable[None]:
+    """A queued command that is an awaitable already started inline."""
+    return pending
+
+
+class Ending(Protocol):
+    """What the close and death see of a channel (it imports them: no circle)."""
+
+    state: State
+    server: Any
+    loop: asyncio.AbstractEventLoop
+    watcher: CompletionWatcher
+    _stop: bool
+    _death: BaseException | None
+    _queue: deque[tuple[Op, tuple[Any, ...]]]
+    _wakeup: asyncio.Future[None] | None
+    _pending: set[asyncio.Future[Any]]
+    _unclaimed: weakref.WeakSet[asyncio.Future[Any]]
+    _held: HeldErrors
+    _activate: Callable[[], None] | None
+
+    def send(self, op: Op, *args: Any) -> None:
+        """Run or queue a command."""
+        ...
+
+    def _unusable(self) -> AsyncCubeError:
+        """The error a call on the closed or dead channel raises."""
+        ...
+
+
+def begin_close(channel: Ending) -> asyncio.Future[Any]:
+    """Refuse new commands; queue the close after what is already queued."""
+    channel.state = State.CLOSING
+    fut: asyncio.Future[Any] = channel.loop.create_future()  # the client's own: plain
+    channel._pending.add(fut)
+    channel.send(_close, channel, fut)
+    return fut
+
+
+def _close(channel: Ending, fut: asyncio.Future[Any]) -> None:
+    channel._stop = True
+    try:
+        completion = channel.server.close()
+    except BaseException as exc:
+        _closed(channel, fut, exc)
+        return
+    channel.watcher.watch(completion, lambda c: _closed(channel, fut, _error_of(c)))
+
+
+def _closed(channel: Ending, fut: asyncio.Future[Any], error: BaseException | None) -> None:
+    channel.state = State.CLOSED
+    channel.watcher.shutdown()
+    leftovers = _unretrieved(channel) + channel._held.drain()
+    if error is not None:
+        leftovers.insert(0, error)
+    channel._pending.discard(fut)
+    if fut.done():  # the close was cancelled: report them to the loop, not lose them
+        for exc in leftovers:
+            channel.loop.call_exception_handler(
+                {"message": "asynccube: an error nobody awaited, at close", "exception": exc}
+            )
+        return
+    if leftovers:
+        fut.set_exception(combine(leftovers, "also unobserved at close"))
+    else:
+        fut.set_result(None)
+
+
+def _unretrieved(channel: Ending) -> list[BaseException]:
+    """The errors of failed awaitables still alive that nobody retrieved (claimed
+    now: they are raised by ``close()``, and not given back when dropped)."""
+    errors = []
+    for fut in list(channel._unclaimed):
+        if fut.done() and not fut.cancelled() and fut._log_traceback:
+            error = fut.exception()
+            if error is not None:
+                errors.append(error)
+    channel._unclaimed.clear()
+    return errors
+
+
+def die(channel: Ending, exc: BaseException) -> None:
+    """End the channel with ``exc`` (once): fail every pending awaitable, drop what is
+    queued, stop the actor and close the server."""
+    if channel.state is State.DEAD:
+        return
+    channel._death = exc
+    channel.state = State.DEAD
+    channel._stop = True
+    for op, args in channel._queue:
+        if op is awaited:
+            args[0].close()  # a started-inline command that will never run
+    channel._queue.clear()
+    wakeup, channel._wakeup = channel._wakeup, None
+    if wakeup is not None and not wakeup.done():
+        wakeup.set_result(None)  # the sleeping actor sees _stop and ends
+    error = channel._unusable()
+    for fut in list(channel._pending):
+        if not fut.done():
+            fut.set_exception(error)
+    channel._pending.clear()
+    channel.watcher.shutdown()
+    _shutdown_server(channel)
+
+
+def _shutdown_server(channel: Ending) -> None:
+    try:
+        if channel._activate is not None:
+            channel._activate()
+        channel.server.close()
+    except BaseException as exc:  # the server is broken; the death cause is kept
+        if channel._death is not None:
+            channel._death.add_note(f"closing the server after death also failed: {exc!r}")
+
+
+def _error_of(completion: Completion[Any]) -> BaseException | None:
+    try:
+        completion.result()
+    except BaseException as exc:
+        return exc
+    return None

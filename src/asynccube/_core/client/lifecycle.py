@@ -1,0 +1,61 @@
+"""The life cycle of a client: ``close`` (once; again is a no-op), ``async with``'s exit,
+and the ResourceWarning of a client dropped while still open."""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..channel.channel import Channel, State
+from .jobs import JobThread
+
+__all__ = ["Lifecycle", "close_within", "warn_unclosed"]
+
+
+class Lifecycle:
+    """A client's close: begun once, then awaited by every ``close()`` call."""
+
+    __slots__ = ("_channel", "_closing", "_jobs")
+
+    def __init__(self, channel: Channel, jobs: JobThread) -> None:
+        self._channel = channel
+        self._jobs = jobs
+        self._closing: asyncio.Future[Any] | None = None
+
+    async def close(self, release: Callable[[], None]) -> None:
+        """See :meth:`ComputeClient.close`; ``release`` runs first (the client's graphs)."""
+        channel = self._channel
+        if channel.state is State.OPEN:
+            release()
+            self._closing = channel.begin_close()
+        try:
+            if self._closing is not None and not self._closing.done():
+                await channel.backend.shield(self._closing)
+            await channel.wait_actor()
+        finally:
+            self._jobs.close()
+
+
+async def close_within(closing: Awaitable[None], exc: object) -> None:
+    """Await ``closing`` at the end of an ``async with`` block that raised ``exc`` (or
+    None): the block's own exception propagates, the close error noted on it."""
+    try:
+        await closing
+    except Exception as error:
+        if not isinstance(exc, BaseException):
+            raise
+        exc.add_note(f"closing the client also raised {type(error).__name__}: {error}")
+
+
+def warn_unclosed(client: object, channel: Channel | None) -> None:
+    """The ResourceWarning of a client collected while its channel is still open."""
+    if channel is not None and channel.state is State.OPEN:
+        warnings.warn(
+            f"unclosed {client!r}: use `async with open_client() as client:` or "
+            "`await client.close()`",
+            ResourceWarning,
+            source=client,
+            stacklevel=3,
+        )
