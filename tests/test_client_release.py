@@ -108,10 +108,13 @@ async def test_memory_returns_after_a_storm_of_tasks(
             repr(r) for r in results
         }
     del results
-    await anyio.lowlevel.checkpoint()  # the step that resumed from the task group held its results
-    gc.collect()
-    await client.sync()
-    after = await client.memory_usage()
+    for _ in range(3):  # trio may keep the last finished task's step for a step or two
+        await anyio.lowlevel.checkpoint()  # the step that resumed from the task group
+        gc.collect()  # held its results
+        await client.sync()
+        after = await client.memory_usage()
+        if after.bytes_in_use == before.bytes_in_use:
+            break
     assert (after.number_allocs, after.bytes_in_use) == (
         before.number_allocs,
         before.bytes_in_use,
