@@ -10,6 +10,8 @@ them; each public method that is not on the hot path is a thin delegate to one):
 * :class:`~.movement.DataMovement`: snapshots and staging buffers, writes and reads;
 * :class:`~.launch.Launcher`: the actor's half of ``execute`` (prepare, fire, hold);
 * :class:`~.profiler.ClientProfiler`: profiles and the timeline;
+* :class:`~.surface.ClientSurface` (the base class): the memory and profiling
+  commands, thin delegates to their parts;
 * :class:`~.lifecycle.Lifecycle`: the close (and :mod:`.lifecycle`'s exit and warning);
 * :mod:`.arrays` (numpy helpers), :mod:`.graph` (captures), :mod:`.transfer`
   (``to_client``) and :mod:`.interop` (DLPack): functions over the client.
@@ -36,7 +38,6 @@ from ..channel.channel import BATCH_SECONDS, Channel, State
 from ..channel.completion import one_step_later, others_ready
 from ..config.config import AsyncCubeConfig
 from ..errors import InvalidArgument
-from ..memory.management import MemoryReport
 from ..profiling.records import ProfileSummary
 from ..profiling.timeline import Timeline
 from ..server.protocol import BindingResource, ComputeServer, DeviceProperties
@@ -49,10 +50,6 @@ from ..values.types import (
     CopyDescriptor,
     ExecutionMode,
     Handle,
-    MemoryAllocationMode,
-    MemoryUsage,
-    ProfileDuration,
-    ProfilingToken,
 )
 from . import arrays
 from .args import DataLike, _bad_execute, _items, _whole
@@ -64,6 +61,7 @@ from .lifecycle import Lifecycle, close_within, warn_unclosed
 from .memory import ClientMemory
 from .movement import DataMovement
 from .profiler import ClientProfiler
+from .surface import ClientSurface
 from .tensor import Tensor
 from .transfer import to_client
 
@@ -72,7 +70,7 @@ __all__ = ["ComputeClient"]
 _get_running_loop = asyncio._get_running_loop
 
 
-class ComputeClient:
+class ComputeClient(ClientSurface):
     """Sends work to one server through an actor task on the current event loop
     (asyncio, uvloop included, or trio).
 
@@ -306,43 +304,7 @@ class ComputeClient:
         self._channel.check()
         self._dispatch.fire(self._server.flush)
 
-    # -- memory (the memory part) --------------------------------------------------------
-
-    def memory_usage(self) -> asyncio.Future[MemoryUsage]:
-        """Current memory usage (awaitable)."""
-        return self._memory.memory_usage()
-
-    def memory_report(self) -> asyncio.Future[MemoryReport]:
-        """Usage, pages and peaks of each memory pool (awaitable; an HTML table in Jupyter)."""
-        return self._memory.memory_report()
-
-    def memory_cleanup(self) -> None:
-        """Release memory nothing uses."""
-        self._memory.memory_cleanup()
-
-    def allocation_mode(self, mode: MemoryAllocationMode) -> None:
-        """Switch which pools new allocations come from (AUTO or PERSISTENT)."""
-        self._memory.allocation_mode(mode)
-
-    # -- profiling (the profiler part) ---------------------------------------------------
-
-    def start_profile(self) -> ProfilingToken:
-        """Start a profile of the work queued from now on; profiles nest and overlap."""
-        return self._profiler.start_profile()
-
-    def end_profile(self, token: ProfilingToken) -> asyncio.Future[ProfileDuration]:
-        """End ``token``'s profile; the future gives its duration."""
-        return self._profiler.end_profile(token)
-
-    def profile(
-        self, name: str | None = None
-    ) -> AbstractAsyncContextManager[list[ProfileDuration]]:
-        """``async with client.profile("step") as out:`` profiles the block.
-
-        ``out[0]`` is the duration once the block has exited; a named profile is also
-        added to :attr:`profile_summary`.
-        """
-        return self._profiler.profile(name, self.profile_summary)
+    # -- profiling's timeline and numpy helpers (arrays.py) ----------------------------
 
     async def timeline(self) -> Timeline:
         """The kernels and copies recorded so far, per stream, once queued work is done.
@@ -353,8 +315,6 @@ class ComputeClient:
         """
         await self.sync()
         return await self._profiler.timeline(self.device)
-
-    # -- numpy helpers (arrays.py) -------------------------------------------------------
 
     def create_array(self, array: npt.ArrayLike) -> Tensor:
         """A new tensor holding a copy of ``array`` (contiguous layout)."""

@@ -1,0 +1,72 @@
+"""The client's memory and profiling commands: thin delegates to their parts.
+
+:class:`ClientSurface` is :class:`~.client.ComputeClient`'s base: the methods here
+forward to the memory part (:class:`~.memory.ClientMemory`) and the profiler part
+(:class:`~.profiler.ClientProfiler`), which the client creates in its ``__init__``.
+Keeping them here leaves ``client.py`` to the hot path and the commands that
+compose several parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AbstractAsyncContextManager
+
+from ..memory.management import MemoryReport
+from ..profiling.records import ProfileSummary
+from ..values.types import (
+    MemoryAllocationMode,
+    MemoryUsage,
+    ProfileDuration,
+    ProfilingToken,
+)
+from .memory import ClientMemory
+from .profiler import ClientProfiler
+
+__all__ = ["ClientSurface"]
+
+
+class ClientSurface:
+    """The memory and profiling half of :class:`~.client.ComputeClient`'s API."""
+
+    _memory: ClientMemory
+    _profiler: ClientProfiler
+    profile_summary: ProfileSummary
+
+    # -- memory (the memory part) --------------------------------------------------------
+
+    def memory_usage(self) -> asyncio.Future[MemoryUsage]:
+        """Current memory usage (awaitable)."""
+        return self._memory.memory_usage()
+
+    def memory_report(self) -> asyncio.Future[MemoryReport]:
+        """Usage, pages and peaks of each memory pool (awaitable; an HTML table in Jupyter)."""
+        return self._memory.memory_report()
+
+    def memory_cleanup(self) -> None:
+        """Release memory nothing uses."""
+        self._memory.memory_cleanup()
+
+    def allocation_mode(self, mode: MemoryAllocationMode) -> None:
+        """Switch which pools new allocations come from (AUTO or PERSISTENT)."""
+        self._memory.allocation_mode(mode)
+
+    # -- profiling (the profiler part) ---------------------------------------------------
+
+    def start_profile(self) -> ProfilingToken:
+        """Start a profile of the work queued from now on; profiles nest and overlap."""
+        return self._profiler.start_profile()
+
+    def end_profile(self, token: ProfilingToken) -> asyncio.Future[ProfileDuration]:
+        """End ``token``'s profile; the future gives its duration."""
+        return self._profiler.end_profile(token)
+
+    def profile(
+        self, name: str | None = None
+    ) -> AbstractAsyncContextManager[list[ProfileDuration]]:
+        """``async with client.profile("step") as out:`` profiles the block.
+
+        ``out[0]`` is the duration once the block has exited; a named profile is also
+        added to :attr:`profile_summary`.
+        """
+        return self._profiler.profile(name, self.profile_summary)
