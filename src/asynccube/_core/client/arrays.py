@@ -92,10 +92,10 @@ async def _read_new(
     if pending[0] is not None:
         (raw,) = await _take(pending)
         flat = raw.view(dt)
-    else:
-        pending[0] = movement.read_tensor([desc]) if buffer is None else client.read([buffer])
-        (raw,) = await _take(pending)
-        flat = np.frombuffer(raw, dtype=dt).copy()
+    else:  # one copy, into the new array (CUDA: from the pinned buffer the device filled)
+        flat = np.empty(desc.nbytes // dt.itemsize, dtype=dt)
+        pending[0] = movement.read_into(desc, flat)
+        await _take(pending)
     return flat if dims is None else flat.reshape(dims)
 
 

@@ -243,6 +243,26 @@ class ComputeClient(ClientSurface):
         """The bytes of each (possibly strided) tensor, densely packed (awaitable)."""
         return self._movement.read_tensor(descriptors)
 
+    def read_into(
+        self, source: Tensor | Binding | Handle | CopyDescriptor, out: Any
+    ) -> asyncio.Future[None]:
+        """Read ``source`` (densely packed) into ``out``, a writable contiguous buffer
+        of exactly its size (``bytearray``, a numpy array, a :meth:`staging` buffer),
+        instead of new ``bytes`` (awaitable).
+
+        No host copy at all from a staging buffer on CUDA (the device writes into it),
+        one otherwise; on the host server the worker packs straight into ``out``. Do
+        not touch ``out`` until the read is awaited. A service can answer with ``out``
+        as its body (``web.Response(body=out)``) without another copy.
+        """
+        if isinstance(source, Tensor):
+            desc = source.copy_descriptor()
+        elif isinstance(source, CopyDescriptor):
+            desc = source
+        else:
+            desc = _whole(source)
+        return self._movement.read_into(desc, out)
+
     def sync(self) -> asyncio.Future[None]:
         """Completes once all work queued so far, on every stream, is done (awaitable).
 

@@ -33,7 +33,7 @@ from .args import (
 from .dispatch import Dispatch, Job
 from .jobs import JobThread
 
-__all__ = ["DataMovement"]
+__all__ = ["DataMovement", "writable_bytes"]
 
 
 class DataMovement:
@@ -139,12 +139,29 @@ class DataMovement:
         read = functools.partial(self.read_on_actor, reader=reader)
         return self._channel.request(read, StreamId.current(), descs)
 
+    def read_into(self, desc: CopyDescriptor, out: Any) -> asyncio.Future[None]:
+        """See :meth:`ComputeClient.read_into` (the caller made ``desc``)."""
+        self._channel.check()
+        target = writable_bytes(out, desc.nbytes)
+        server = self._server
+        read = functools.partial(_read_into, server.read_into, [target])
+        prepare = getattr(server, "prepare_read_into", None)
+        ready = None if prepare is None else functools.partial(prepare, outs=[target])
+        on_actor = functools.partial(self._read_into_on_actor, read, ready)
+        return self._channel.request(on_actor, StreamId.current(), [desc])
+
+    def _read_into_on_actor(
+        self, read: Any, prepare: Any, stream: StreamId, descs: list[CopyDescriptor], fut: Any
+    ) -> Any:
+        return self.read_on_actor(stream, descs, fut, read, prepare)
+
     def read_on_actor(
         self,
         stream: StreamId,
         descs: list[CopyDescriptor],
         fut: Any,
         reader: Callable[..., Any] | None = None,
+        prepare: Callable[..., Any] | None = None,
     ) -> Any:
         """The actor's half of a read: refused at once where a buffer is tainted (CUDA),
         else staged where the server asks, then read once the stream's work is done."""
@@ -154,7 +171,8 @@ class DataMovement:
             if error is not None:
                 channel.refuse(fut, stream, error)
                 return None
-        job = self._prepare_read(descs, stream) if self._prepare_read is not None else None
+        prepare = self._prepare_read if reader is None else prepare
+        job = prepare(descs, stream=stream) if prepare is not None else None
         wait = channel.await_completion
         read = self._server.read if reader is None else reader
         if job is not None:
@@ -166,3 +184,34 @@ class DataMovement:
         """See :meth:`ComputeClient.get_resource`."""
         self._channel.check()
         return self._dispatch.request(self._server.get_resource, _whole(binding).binding)
+
+
+def _read_into(
+    read_into: Callable[..., Any], outs: list[memoryview], descs: Any, stream: Any
+) -> Any:
+    return read_into(descs, outs, stream)
+
+
+def writable_bytes(out: Any, nbytes: int) -> memoryview:
+    """``out`` as a flat writable byte view of exactly ``nbytes`` bytes, or
+    InvalidArgument saying what it is instead (``read_into``'s target)."""
+    try:
+        view = memoryview(out)
+    except TypeError:
+        raise InvalidArgument(
+            f"read_into needs a writable buffer (bytearray, numpy array, a staging "
+            f"buffer), got {type(out).__name__}"
+        ) from None
+    if view.readonly:
+        raise InvalidArgument(
+            f"read_into's target {type(out).__name__} is read-only; pass a writable "
+            "buffer (bytearray(n), np.empty(...), a client.staging() buffer)"
+        )
+    if not view.c_contiguous:
+        raise InvalidArgument(f"read_into's target {type(out).__name__} is not contiguous")
+    if view.nbytes != nbytes:
+        raise InvalidArgument(
+            f"read_into's target holds {view.nbytes} bytes but the tensor has {nbytes}; "
+            "pass a buffer of exactly that size"
+        )
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view

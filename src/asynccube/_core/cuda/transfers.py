@@ -31,9 +31,10 @@ INLINE_BYTES: Final = 1 << 20
 COPY_SPLIT: Final = 1 << 20
 """Host copies into staging buffers of at least this many bytes go through
 ``hot.copy_into`` (GIL released; split over threads from 16 MiB)."""
-SNAPSHOT_BYTES: Final = 4 << 20
-"""Client data of at least this many bytes is snapshotted into pinned memory when a free
-buffer of its size exists (:meth:`TransferOps.snapshot`)."""
+SNAPSHOT_BYTES: Final = 64 << 10
+"""Client data of at least this many bytes (a request body, say) is snapshotted into
+pinned memory when a free buffer of its size exists (:meth:`TransferOps.snapshot`): one
+host copy where a copy to ``bytes`` and then into a pinned buffer would make two."""
 SMALL_READ: Final = 64 << 10
 """Reads up to this many bytes reuse pinned buffers the server keeps per size."""
 COPY_THREADS: Final = max(1, min(8, os.cpu_count() or 1))
@@ -93,8 +94,11 @@ class TransferOps(ProfileOps):
         buf = self._pinned.try_take(mv.nbytes)
         if buf is None:
             return None
-        hot.copy_into(buf.array(), mv, COPY_THREADS)
-        return buf.view()
+        if mv.nbytes < COPY_SPLIT:
+            ctypes.memmove(buf.ptr, hot.address(mv), mv.nbytes)
+        else:
+            hot.copy_into(buf.array(), mv, COPY_THREADS)
+        return buf.view()[: mv.nbytes]
 
     def prepare_write(
         self, items: Sequence[tuple[CopyDescriptor, BytesLike]], stream: StreamId
@@ -191,6 +195,59 @@ class TransferOps(ProfileOps):
             buf.release()
         return out
 
+    def read_into(
+        self, descriptors: Sequence[CopyDescriptor], outs: Sequence[memoryview], stream: StreamId
+    ) -> CudaCompletion[None]:
+        """Each tensor, densely packed, into its buffer in ``outs``: copied by the device
+        straight into page-locked ones (``staging`` buffers: no host copy at all), and
+        into others through one pinned buffer, copied over once the device is done
+        (``hot.copy_into``, the GIL released, split over threads from 1 MiB)."""
+        self._retirer.poll()
+        targets = []
+        for desc, out in zip(descriptors, outs, strict=True):
+            check_copy(desc, out.nbytes)
+            if out.nbytes:
+                pinned = _is_pinned(hot.address(out))
+                targets.append((self._ptr(desc.binding), _plan(desc), out, pinned))
+        resolved = self._streams.resolve(stream, [d.binding for d in descriptors])
+        staged = sum(out.nbytes for _, _, out, pinned in targets if not pinned)
+        buf = (
+            (self._staged_reads.pop(staged, None) or self._pinned.take(staged)) if staged else None
+        )
+        mark = self._mark(resolved.stream) if self.recorder.enabled else None
+        back: list[tuple[int, memoryview]] = []
+        try:
+            for ptr, plan, out, pinned in targets:
+                if pinned:
+                    issue_copy(plan, ptr, hot.address(out), resolved.stream, to_device=False)
+                    continue
+                assert buf is not None
+                offset = sum(o.nbytes for _, o in back)
+                issue_copy(plan, ptr, buf.ptr + offset, resolved.stream, to_device=False)
+                back.append((offset, out))
+        except BaseException:
+            if buf is not None:
+                buf.release()
+            raise
+        if mark is not None:
+            self._timed_op(
+                mark, resolved.stream, "read", stream, "copy", sum(o.nbytes for o in outs)
+            )
+        kept = list(outs)  # the page-locked targets stay alive until the copy is done
+        return self._complete(stream, [resolved.stream], lambda: _copy_back(buf, back, kept))
+
+    def prepare_read_into(
+        self, descriptors: Sequence[CopyDescriptor], outs: Sequence[memoryview], stream: StreamId
+    ) -> Callable[[], None] | None:
+        """:meth:`prepare_read`'s job for the pinned buffer of a ``read_into`` whose
+        targets are not page-locked (None: nothing to do). Never raises."""
+        try:
+            paged = [d for d, o in zip(descriptors, outs, strict=True)
+                     if o.nbytes and not _is_pinned(hot.address(o))]  # fmt: skip
+        except Exception:  # a bad target: read_into raises for it
+            return None
+        return self.prepare_read(paged, stream) if paged else None
+
     def prepare_read(
         self, descriptors: Sequence[CopyDescriptor], stream: StreamId
     ) -> Callable[[], None] | None:
@@ -267,6 +324,25 @@ def _stage(pinned: PinnedPool, mv: memoryview) -> tuple[int, object]:
     else:  # the GIL released, several threads for large copies
         hot.copy_into(buf.array(), mv, COPY_THREADS)
     return buf.ptr, buf
+
+
+def _copy_back(
+    buf: PinnedBuffer | None, back: list[tuple[int, memoryview]], kept: list[memoryview]
+) -> None:
+    """``read_into``'s end: the staged bytes copied into their targets, the pinned
+    buffer released (``kept``: the targets, alive until now)."""
+    if buf is None:
+        return
+    try:
+        array = buf.array()
+        for offset, out in back:
+            n = out.nbytes
+            if n >= COPY_SPLIT:
+                hot.copy_into(out, array[offset : offset + n], COPY_THREADS)
+            else:
+                ctypes.memmove(hot.address(out), buf.ptr + offset, n)
+    finally:
+        buf.release()
 
 
 def _unstage(buf: PinnedBuffer, spans: list[tuple[int, int]], big: bool) -> list[Any]:

@@ -27,7 +27,7 @@ from ..memory.table import SliceTable
 from ..profiling.records import KernelRecord, KernelRecorder
 from ..server.handles import SliceServer
 from ..server.host_copies import borrow, dense, source_nbytes
-from ..server.layout import check_copy, gather, gather_array, scatter
+from ..server.layout import check_copy, gather, gather_array, gather_into, scatter
 from ..server.protocol import BindingResource, BytesLike, DeviceProperties
 from ..stream.multi import MultiStream
 from ..values.bindings import Bindings, CubeCount
@@ -175,6 +175,27 @@ class HostServer(SliceServer[_Bound]):
         """Like :meth:`read`, each tensor's bytes in a new writable uint8 array the
         caller owns (``read_array`` returns a view of it: no second copy)."""
         return self._read_with(gather_array, descriptors, stream)
+
+    def read_into(
+        self, descriptors: Sequence[CopyDescriptor], outs: Sequence[memoryview], stream: StreamId
+    ) -> HostCompletion[None]:
+        """Each tensor packed straight into its buffer in ``outs`` by the worker, once
+        the stream reaches this point (no other copy)."""
+        jobs = []
+        for desc, out in zip(descriptors, outs, strict=True):
+            check_copy(desc, out.nbytes)
+            jobs.append((self._view(desc.binding), desc, np.frombuffer(out, np.uint8)))
+        resolved = self._streams.resolve(stream, (d.binding for d in descriptors))
+
+        def run() -> None:
+            for view, desc, dst in jobs:
+                gather_into(dst, view, desc)
+
+        if self.recorder.enabled:
+            nbytes = sum(d.nbytes for d in descriptors)
+            run = recorded(run, self.recorder, "read", stream.value, "copy", nbytes)
+        read = [d.binding.memory.id for d in descriptors]
+        return self._complete_on(resolved.stream, run, read)
 
     def _read_with(
         self,

@@ -153,6 +153,13 @@ class ComputeServer(Protocol):
         """Copy each (possibly strided) tensor out, densely packed, as bytes."""
         ...
 
+    def read_into(
+        self, descriptors: Sequence[CopyDescriptor], outs: Sequence[memoryview], stream: StreamId
+    ) -> Completion[None]:
+        """Copy each (possibly strided) tensor out, densely packed, into its writable
+        byte buffer in ``outs`` (checked to hold exactly the tensor's bytes)."""
+        ...
+
     def write(self, items: Sequence[tuple[CopyDescriptor, BytesLike]], stream: StreamId) -> None:
         """Copy dense bytes into each (possibly strided) tensor, in stream order."""
         ...

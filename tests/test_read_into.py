@@ -1,0 +1,112 @@
+"""``client.read_into``: a read into the caller's buffer, on every device and backend.
+
+Into a ``bytearray``, a numpy array, a staging buffer (page-locked on CUDA: the device
+writes into it, no host copy), small and large (a staged copy split over threads on
+CUDA), a strided tensor; bad targets get InvalidArgument and the client keeps serving;
+a tainted buffer is refused like a read. ``read_array`` goes through it on CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asynccube as ac
+
+pytestmark = pytest.mark.anyio
+
+SIZES = [4, 4096, 3 << 20]  # small, a page, over the 1 MiB copy split
+DATA = {n: (np.arange(n, dtype=np.uint32) * 2654435761 >> 24).astype(np.uint8) for n in SIZES}
+"""Bytes without a short period, made at import (3 MiB of them would lag the loop)."""
+
+
+@pytest.mark.parametrize("n", SIZES)
+async def test_read_into_fills_the_callers_buffers(client: ac.ComputeClient, n: int) -> None:
+    data = DATA[n]
+    handle = client.create(data)
+    out = bytearray(n)
+    assert await client.read_into(handle, out) is None
+    assert np.array_equal(np.frombuffer(out, np.uint8), data)
+    array = np.zeros(n // 4, np.float32)
+    await client.read_into(handle.binding(), array)
+    assert np.array_equal(array.view(np.uint8), data)
+    (staging,) = await client.staging([n])
+    await client.read_into(handle, staging)
+    assert np.array_equal(staging, data)
+
+
+async def test_read_into_sees_the_work_queued_before_it(client: ac.ComputeClient) -> None:
+    x = client.create_array(np.arange(1024, dtype=np.float32))
+    y = client.empty_array((1024,), np.float32)
+    client.write([(y.copy_descriptor(), np.full(1024, 7, np.float32))])
+    out = np.empty(1024, np.float32)
+    await client.read_into(y, out)
+    assert (out == 7).all()
+    await client.read_into(x, out)
+    assert (out == np.arange(1024)).all()
+
+
+async def test_read_into_packs_a_strided_tensor(client: ac.ComputeClient) -> None:
+    full = np.arange(64, dtype=np.int32).reshape(8, 8)
+    t = client.create_array(full)
+    column = client.tensor(t.handle, (8,), np.int32, strides=(8,))
+    out = np.empty(8, np.int32)
+    await client.read_into(column, out)
+    assert (out == full[:, 0]).all()
+    desc = t.handle.copy_descriptor((4, 2), (8, 1), 4)
+    packed = np.empty((4, 2), np.int32)
+    await client.read_into(desc, packed)
+    assert (packed == full[:4, :2]).all()
+
+
+@pytest.mark.parametrize(
+    ("target", "words"),
+    [
+        (bytes(16), "read-only"),
+        (bytearray(15), "holds 15 bytes but the tensor has 16"),
+        (np.zeros((4, 8), np.uint8)[:, :4], "not contiguous"),
+        (object(), "needs a writable buffer"),
+        ([0] * 16, "needs a writable buffer"),
+    ],
+    ids=["bytes", "short", "strided", "object", "list"],
+)
+async def test_a_bad_target_is_refused_and_the_client_serves(
+    client: ac.ComputeClient, target: Any, words: str
+) -> None:
+    handle = client.create(bytes(range(16)))
+    with pytest.raises(ac.InvalidArgument, match=words):
+        client.read_into(handle, target)
+    out = bytearray(16)
+    await client.read_into(handle, out)
+    assert out == bytes(range(16))
+
+
+async def test_read_into_a_tainted_buffer_raises(client: ac.ComputeClient) -> None:
+    def boom(launch: ac.HostLaunch) -> None:
+        raise RuntimeError("kernel failed on purpose")
+
+    src = "extern \"C\" __global__ void boom(float* x) { asm(\"trap;\"); }"
+    kernel = ac.Kernel("test_read_into_boom", cuda=ac.CudaSource(src, "boom"), host=boom)
+    if client.device != "host":
+        pytest.skip("a trapping kernel ends the CUDA context; the host checks the rule")
+    handle = client.create(bytes(16))
+    client.execute(kernel, ac.CubeCount(1), ac.Bindings().with_buffers([handle.binding()]))
+    with pytest.raises(ac.AsyncCubeError):
+        await client.sync()
+    with pytest.raises(ac.TaintedBuffer):
+        await client.read_into(handle, bytearray(16))
+    client.write([(handle.copy_descriptor((16,), (1,), 1), bytes(range(16)))])
+    out = bytearray(16)
+    await client.read_into(handle, out)
+    assert out == bytes(range(16))
+
+
+async def test_read_array_gives_a_new_array_of_the_tensor(client: ac.ComputeClient) -> None:
+    data = np.arange(3 << 18, dtype=np.float32).reshape(3, -1)
+    t = client.create_array(data)
+    got = await client.read_array(t)
+    assert got.shape == data.shape and got.dtype == data.dtype and (got == data).all()
+    got[0, 0] = -1  # the caller owns it
+    assert (await client.read_array(t))[0, 0] == 0
