@@ -188,7 +188,7 @@ async def ray_pipeline(
 
     kind: Any = ray.remote(PlainStage if plain else Stage)
     actors: list[Any] = [
-        kind.options(max_concurrency=8).remote(d, a, b)
+        kind.options(max_concurrency=8, **_gpus(d, devices)).remote(_visible(d), a, b)
         for d, (a, b) in zip(devices, STAGES, strict=True)
     ]
     await asyncio.gather(*(a.start.remote() for a in actors))
@@ -207,6 +207,20 @@ async def ray_pipeline(
         await asyncio.gather(*(a.close.remote() for a in actors))
         for actor in actors:
             ray.kill(actor)
+
+
+def _gpus(device: str, devices: Sequence[str]) -> dict[str, float]:
+    """Ray's resource request of a stage on ``device``: its share of one GPU (the
+    stages on the same device share it), nothing on the host."""
+    if not device.startswith("cuda"):
+        return {}
+    return {"num_gpus": 1 / devices.count(device)}
+
+
+def _visible(device: str) -> str:
+    """The device as the actor sees it: Ray shows a GPU actor only its own GPU, as
+    ``cuda:0``."""
+    return "cuda:0" if device.startswith("cuda") else device
 
 
 def make_items(count: int, size: int) -> list[np.ndarray]:
@@ -235,7 +249,8 @@ async def main(argv: Sequence[str] | None = None) -> None:
     if args.ray:
         import ray
 
-        ray.init(num_cpus=2, include_dashboard=False)
+        gpus = len({d for d in devices if d.startswith("cuda")})
+        ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False)
         try:
             out, rate = await ray_pipeline(devices, items)
             check(items, out)
