@@ -116,7 +116,8 @@ def under_ray(device: str, items: list[np.ndarray], runs: int) -> Figures:
         import ray
     except ImportError as exc:
         return {"skipped": f"ray is not installed ({exc})"}
-    path = os.pathsep.join([str(HERE.parent / "examples"), str(HERE.parent / "src")])
+    inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    path = os.pathsep.join([str(HERE.parent / "examples"), str(HERE.parent / "src"), *inherited])
     env = {"env_vars": {"PYTHONPATH": path, "NCCL_NVLS_ENABLE": "0"}}
     gpus = 1 if device.startswith("cuda") else 0
     ray.init(num_cpus=4, num_gpus=gpus, include_dashboard=False, log_to_driver=False,
@@ -195,11 +196,13 @@ def main() -> int:
     if args.items < 4 or args.size < 1 or args.runs < 1:
         p.error("--items must be >= 4, --size and --runs >= 1")
     items = rp.make_items(args.items, args.size)
-    figs: Figures = {
-        "one_host": one_host(args.device, items, args.runs),
-        "copy_floor": copy_floor(args.device, items, args.runs),
-        "ray": {"skipped": "--no-ray"} if args.no_ray else under_ray(args.device, items, args.runs),
-    }
+    figs: Figures = {"copy_floor": copy_floor(args.device, items, args.runs)}
+    print("copy floor", figs["copy_floor"], flush=True)
+    figs["one_host"] = one_host(args.device, items, args.runs)
+    print("one host", figs["one_host"], flush=True)
+    figs["ray"] = (
+        {"skipped": "--no-ray"} if args.no_ray else under_ray(args.device, items, args.runs)
+    )
     print(render(figs, args))
     if not args.json_only:
         name = "pipeline" if args.device != "host" else "pipeline_host"
