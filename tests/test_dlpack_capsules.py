@@ -111,3 +111,21 @@ class _Legacy:
 
     def __dlpack__(self, *, stream: Any = None) -> Any:
         return self.array.__dlpack__(stream=stream)
+
+
+def test_the_packed_structs_match_dlpack_h() -> None:
+    """The ``struct`` formats that make and read capsules lay the fields out where the
+    ctypes definitions of ``dlpack.h`` put them."""
+    import ctypes
+
+    from asynccube._core.client import dlpack
+
+    assert dlpack._TENSOR_FMT.size == ctypes.sizeof(dlpack._Tensor)
+    assert dlpack._VERSIONED_HEAD_FMT.size == dlpack._ManagedVersioned.dl_tensor.offset
+    assert dlpack._PLAIN_TAIL_FMT.size + dlpack._Managed.manager_ctx.offset == ctypes.sizeof(
+        dlpack._Managed
+    )
+    for ndim in (0, 1, 3):
+        extra = 16 * ndim
+        assert dlpack._format(True, ndim).size == ctypes.sizeof(dlpack._ManagedVersioned) + extra
+        assert dlpack._format(False, ndim).size == ctypes.sizeof(dlpack._Managed) + extra

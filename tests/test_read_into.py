@@ -87,7 +87,7 @@ async def test_read_into_a_tainted_buffer_raises(client: ac.ComputeClient) -> No
     def boom(launch: ac.HostLaunch) -> None:
         raise RuntimeError("kernel failed on purpose")
 
-    src = "extern \"C\" __global__ void boom(float* x) { asm(\"trap;\"); }"
+    src = 'extern "C" __global__ void boom(float* x) { asm("trap;"); }'
     kernel = ac.Kernel("test_read_into_boom", cuda=ac.CudaSource(src, "boom"), host=boom)
     if client.device != "host":
         pytest.skip("a trapping kernel ends the CUDA context; the host checks the rule")

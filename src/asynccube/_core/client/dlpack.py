@@ -11,6 +11,7 @@ deleter may run on any thread the consumer frees from; it only drops the referen
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from ..errors import DLPackError
 __all__ = [
     "DLPACK_VERSION",
     "Imported",
+    "contiguous",
     "dtype_code",
     "live_exports",
     "make_capsule",
@@ -100,6 +102,7 @@ def _release(address: int) -> None:
 
 
 _deleter = _DELETER(_release)
+_DELETER_ADDRESS = ctypes.cast(_deleter, ctypes.c_void_p).value or 0
 
 _DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
@@ -128,6 +131,29 @@ def _on_capsule_freed(capsule: int) -> None:
 _destructor = _DESTRUCTOR(_on_capsule_freed)
 
 
+_formats: dict[tuple[bool, int], struct.Struct] = {}
+_TENSOR_FMT = struct.Struct("=Qiii BBH QQQ")
+"""A ``DLTensor``: data, device (type, id), ndim, dtype (code, bits, lanes), the shape
+and strides pointers, byte_offset (48 bytes)."""
+_VERSIONED_HEAD_FMT = struct.Struct("=II QQQ")
+"""What precedes a versioned struct's ``dl_tensor``: version, manager_ctx, deleter, flags."""
+_PLAIN_TAIL_FMT = struct.Struct("=QQ")
+"""What follows a plain struct's ``dl_tensor``: manager_ctx, deleter."""
+
+
+def _format(versioned: bool, ndim: int) -> struct.Struct:
+    """The bytes of a managed struct with its shape and strides after it (native byte
+    order; the fields fall on the offsets of ``dlpack.h``'s structs, checked by the
+    tests against the ctypes definitions above)."""
+    key = (versioned, ndim)
+    fmt = _formats.get(key)
+    if fmt is None:
+        tensor = "Qiii BBH QQQ"  # data, device, ndim, dtype, shape, strides, byte_offset
+        text = f"II QQQ {tensor}" if versioned else f"{tensor} QQ"
+        fmt = _formats[key] = struct.Struct(f"={text} {ndim}q {ndim}q")
+    return fmt
+
+
 def make_capsule(
     address: int,
     device: tuple[int, int],
@@ -139,23 +165,22 @@ def make_capsule(
     versioned: bool,
 ) -> Any:
     """A DLPack capsule over ``address`` (strides in elements) keeping ``owner`` alive
-    until the consumer is done with it."""
+    until the consumer is done with it. The struct, its shape and its strides are one
+    ctypes buffer filled by one ``struct.pack_into``."""
     code, bits = dtype_code(dtype)
     ndim = len(shape)
-    dims = (ctypes.c_int64 * max(ndim, 1))(*shape)
-    steps = (ctypes.c_int64 * max(ndim, 1))(*strides)
-    tensor = _Tensor(
-        ctypes.c_void_p(address), _Device(*device), ndim, _DataType(code, bits, 1),
-        dims, steps, 0,
-    )  # fmt: skip
-    managed: _Managed | _ManagedVersioned
+    fmt = _format(versioned, ndim)
+    buf = (ctypes.c_char * fmt.size)()
+    key = ctypes.addressof(buf)
+    head = 80 if versioned else 64
+    dims, steps = key + head, key + head + 8 * ndim
+    tensor = (address, device[0], device[1], ndim, code, bits, 1, dims, steps, 0)
     if versioned:
-        managed = _ManagedVersioned(_Version(*DLPACK_VERSION), None, _deleter, 0, tensor)
+        fmt.pack_into(buf, 0, *DLPACK_VERSION, 0, _DELETER_ADDRESS, 0, *tensor, *shape, *strides)
     else:
-        managed = _Managed(tensor, None, _deleter)
-    key = ctypes.addressof(managed)
+        fmt.pack_into(buf, 0, *tensor, 0, _DELETER_ADDRESS, *shape, *strides)
     with _lock:
-        _exports[key] = (managed, dims, steps, owner)
+        _exports[key] = (buf, owner)
     return _capsule_new(key, _NAME_VERSIONED if versioned else _NAME, _destructor)
 
 
@@ -187,34 +212,42 @@ class Imported:
         if not versioned and not _capsule_is_valid(id(capsule), _NAME):
             raise DLPackError("__dlpack__ returned no unconsumed DLPack capsule")
         name = _NAME_VERSIONED if versioned else _NAME
-        self._managed = _capsule_pointer(id(capsule), name)
-        kind = _ManagedVersioned if versioned else _Managed
-        managed = kind.from_address(self._managed)
-        self._deleter = managed.deleter
-        self.source = source
-        self.read_only = bool(versioned and managed.flags & _READ_ONLY)
-        _capsule_set_name(capsule, _USED_VERSIONED if versioned else _USED)
-        self._describe(managed.dl_tensor)
-
-    def _describe(self, t: _Tensor) -> None:
-        self.address = (t.data or 0) + t.byte_offset
-        self.device = (int(t.device.device_type), int(t.device.device_id))
-        self.shape = tuple(t.shape[i] for i in range(t.ndim))
-        if t.strides:
-            self.strides = tuple(t.strides[i] for i in range(t.ndim))
+        self._managed = managed = _capsule_pointer(id(capsule), name)
+        if versioned:
+            _, _, _, deleter, flags = _VERSIONED_HEAD_FMT.unpack(ctypes.string_at(managed, 32))
+            tensor = managed + 32
         else:
-            self.strides = _contiguous(self.shape)
-        code = _DTYPES.get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
-        self.dtype = None if code is None else np.dtype(code)
-        self.type_code = (int(t.dtype.code), int(t.dtype.bits), int(t.dtype.lanes))
+            _, deleter = _PLAIN_TAIL_FMT.unpack(ctypes.string_at(managed + 48, 16))
+            flags, tensor = 0, managed
+        self._deleter = deleter
+        self.source = source
+        self.read_only = bool(flags & _READ_ONLY)
+        _capsule_set_name(capsule, _USED_VERSIONED if versioned else _USED)
+        self._describe(tensor)
+
+    def _describe(self, tensor: int) -> None:
+        data, kind, index, ndim, code, bits, lanes, dims, steps, offset = _TENSOR_FMT.unpack(
+            ctypes.string_at(tensor, _TENSOR_FMT.size)
+        )
+        self.address = data + offset
+        self.device = (kind, index)
+        self.shape = struct.unpack(f"={ndim}q", ctypes.string_at(dims, 8 * ndim)) if ndim else ()
+        if steps:
+            self.strides = struct.unpack(f"={ndim}q", ctypes.string_at(steps, 8 * ndim))
+        else:
+            self.strides = contiguous(self.shape)
+        name = _DTYPES.get((code, bits)) if lanes == 1 else None
+        self.dtype = None if name is None else np.dtype(name)
+        self.type_code = (code, bits, lanes)
 
     def __del__(self) -> None:
         managed, self._managed = getattr(self, "_managed", None), None
         if managed and self._deleter:
-            self._deleter(managed)
+            _DELETER(self._deleter)(managed)
 
 
-def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+def contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    """The C-contiguous strides (in elements) of ``shape``."""
     out, step = [], 1
     for d in reversed(shape):
         out.append(step)

@@ -28,6 +28,7 @@ until the consumer's deleter runs. Import (``from_dlpack``) is host-only for now
 from __future__ import annotations
 
 import ctypes
+import math
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -37,7 +38,7 @@ import numpy.typing as npt
 
 from ..errors import DLPackError, InvalidArgument
 from ..values.stream_id import StreamId
-from .dlpack import Imported, make_capsule, take_capsule
+from .dlpack import Imported, contiguous, make_capsule, take_capsule
 from .views import TensorClient, TensorView
 
 __all__ = [
@@ -70,10 +71,16 @@ def client_of(tensor: TensorView) -> TensorClient:
 def dlpack_device(tensor: TensorView) -> tuple[int, int]:
     """``(device type, index)`` as DLPack numbers them: kDLCPU 1, kDLCUDA 2."""
     device = client_of(tensor).device
-    if device == "host":
-        return (KDL_CPU, 0)
-    kind, _, index = device.partition(":")
-    return (KDL_CUDA if kind == "cuda" else KDL_CPU, int(index or 0))
+    known = _DEVICES.get(device)
+    if known is None:
+        kind, _, index = device.partition(":")
+        cuda = kind == "cuda"
+        known = _DEVICES[device] = (KDL_CUDA if cuda else KDL_CPU, int(index or 0) if cuda else 0)
+    return known
+
+
+_DEVICES: dict[str, tuple[int, int]] = {}
+"""Device strings parsed by :func:`dlpack_device` (an export asks twice per tensor)."""
 
 
 def export_dlpack(
@@ -285,7 +292,7 @@ def _import_cuda(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], 
     imported = take_capsule(obj, server.stream_handle(stream))
     _check_imported(obj, imported)
     assert imported.dtype is not None
-    nbytes = int(np.prod(imported.shape, dtype=np.int64)) * imported.dtype.itemsize
+    nbytes = math.prod(imported.shape) * imported.dtype.itemsize
     handle = server.new_handle(nbytes, stream)
     client._channel.send(_bind_cuda, server.import_pointer, handle, imported, nbytes, stream)
     return handle, imported.shape, imported.dtype
@@ -298,7 +305,7 @@ def _check_imported(obj: Any, imported: Imported) -> None:
                           "cannot be expressed in a Tensor")  # fmt: skip
     if imported.read_only:
         raise DLPackError(f"{name} is read-only; asynccube kernels may write to any buffer")
-    if imported.strides != tensor_strides(imported.shape, None) and 0 not in imported.shape:
+    if imported.strides != contiguous(imported.shape) and 0 not in imported.shape:
         raise DLPackError(
             f"{name} is not C-contiguous (strides {imported.strides} for shape "
             f"{imported.shape}); import a contiguous one (e.g. .contiguous())"
