@@ -150,10 +150,11 @@ class ComputeClient(ClientSurface):
 
         ``bytes`` are taken by reference (immutable), buffers from :meth:`staging` are
         handed over; any other buffer is copied now, so later changes to it do not leak
-        into the buffer, except on the host server, which borrows one of 1 MiB or more
-        (its worker copies it in stream order, off the loop): do not modify that one
-        until an awaited call on this stream after it returns (README, "Data is
-        snapshotted").
+        into the buffer, except one of 1 MiB or more, which is borrowed (always on the
+        host server, on CUDA when no pinned buffer of its size is free: a worker copies
+        it in stream order, off the loop): do not modify that one until an awaited call
+        on this stream after it returns (docs: "Data is snapshotted, large data is
+        borrowed").
         """
         self._channel.check()
         raw = self._movement.snapshot(data)

@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from ..server.host_copies import BORROW_BYTES
 from ..server.layout import check_copy
 from ..server.protocol import BindingResource, BytesLike
 from ..values.stream_id import StreamId
@@ -79,10 +80,13 @@ class TransferOps(ProfileOps):
             self._timed_op(mark, resolved.stream, "write", stream, "copy", nbytes)
 
     def snapshot(self, data: Any) -> memoryview | None:
-        """A copy of large host data taken now, straight into a free pinned buffer (one
-        host copy instead of two, split over threads with the GIL released), or None
-        (small or non-contiguous data, or no free pinned buffer of that size: the client
-        copies it itself). ``write`` then copies from it without staging."""
+        """A copy of host data of ``SNAPSHOT_BYTES`` or more taken now, straight into a
+        free pinned buffer (one host copy instead of two, split over threads with the
+        GIL released; ``write`` then copies from it without staging); else, for data of
+        ``BORROW_BYTES`` or more, the data itself, borrowed like on the host server
+        (:meth:`prepare_write`'s job copies it into pinned memory in a worker thread, in
+        stream order); else None (small or non-contiguous data, or ``bytes``: the
+        client copies it itself, or takes ``bytes`` by reference)."""
         if type(data) is bytes:
             return None  # immutable: taken by reference
         try:
@@ -92,8 +96,8 @@ class TransferOps(ProfileOps):
         if mv.nbytes < SNAPSHOT_BYTES:
             return None
         buf = self._pinned.try_take(mv.nbytes)
-        if buf is None:
-            return None
+        if buf is None:  # large data is borrowed: prepare_write's job stages it off the loop
+            return mv if mv.nbytes >= BORROW_BYTES else None
         if mv.nbytes < COPY_SPLIT:
             ctypes.memmove(buf.ptr, hot.address(mv), mv.nbytes)
         else:
