@@ -70,7 +70,10 @@ def client_of(tensor: TensorView) -> TensorClient:
 
 def dlpack_device(tensor: TensorView) -> tuple[int, int]:
     """``(device type, index)`` as DLPack numbers them: kDLCPU 1, kDLCUDA 2."""
-    device = client_of(tensor).device
+    return _device_tuple(client_of(tensor).device)
+
+
+def _device_tuple(device: str) -> tuple[int, int]:
     known = _DEVICES.get(device)
     if known is None:
         kind, _, index = device.partition(":")
@@ -93,7 +96,7 @@ def export_dlpack(
     """A DLPack capsule over ``tensor``'s memory (see the module docstring)."""
     client = client_of(tensor)
     client._channel.check()
-    device = dlpack_device(tensor)
+    device = _device_tuple(client.device)
     _check_request(device, stream, max_version, dl_device, copy)
     _run_queued(client)
     if device[0] == KDL_CUDA:
@@ -202,6 +205,8 @@ def _check_request(
 
 
 def _is_version(value: Any) -> bool:
+    if type(value) is tuple and len(value) == 2 and type(value[0]) is int is type(value[1]):
+        return bool(value[0] >= 0 and value[1] >= 0)  # the common case, checked quickly
     return (
         isinstance(value, tuple)
         and len(value) == 2

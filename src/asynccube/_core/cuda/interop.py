@@ -8,7 +8,8 @@ from typing import Any
 from ..errors import DLPackError
 from ..values.stream_id import StreamId
 from ..values.types import Binding, Handle
-from .driver import check, cu
+from .driver import check, cu, error_from
+from .native.hotpath import hot
 from .state import ServerCore
 
 __all__ = ["InteropOps"]
@@ -34,22 +35,18 @@ class InteropOps(ServerCore):
         resolved = self._streams.resolve(stream, (binding,))
         if consumer is None:
             return ptr
-        d = cu()
-        waiter = d.CUstream(consumer)
-        self._check_same_device(waiter, consumer)
+        if consumer != 1 and consumer != 2:  # the default streams are every context's
+            self._check_same_device(consumer)
         event = self._events.record(resolved.stream)
-        try:
-            check(d.cuStreamWaitEvent(waiter, event, 0), "cuStreamWaitEvent")
-        finally:
-            self._events.give(event)  # the wait captured the event's state
+        err = hot.stream_wait_event(consumer, event)
+        self._events.give(event)  # the wait captured the event's state
+        if err:
+            raise error_from(err, "cuStreamWaitEvent")
         return ptr
 
-    def _check_same_device(self, waiter: Any, consumer: int) -> None:
-        """DLPackError unless ``consumer`` (not the legacy or per-thread default stream,
-        which are every context's) belongs to this device's context."""
-        if consumer in (1, 2):
-            return
-        context = check(cu().cuStreamGetCtx(waiter), "cuStreamGetCtx")
+    def _check_same_device(self, consumer: int) -> None:
+        """DLPackError unless the stream ``consumer`` belongs to this device's context."""
+        context = check(cu().cuStreamGetCtx(cu().CUstream(consumer)), "cuStreamGetCtx")
         if int(context) != int(self._ctx.context):
             raise DLPackError(
                 f"__dlpack__(stream={consumer:#x}): that stream belongs to another device "
