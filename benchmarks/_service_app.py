@@ -19,10 +19,10 @@ start time T from stdin, runs K concurrent clients until ``T + S``, counts the r
 completed inside ``[T, T + S]``, checks every response (``_service_work.Checker``; with
 ``--echo``: against the body sent) and prints one JSON object.
 
-``direct PEER --tasks K --warmup W --seconds S`` runs K tasks in one loop calling the
-handler directly for W + S seconds (no HTTP) and prints the figures of the last S, with
-the loop's lag (a handler that never suspends starves the probe: its lag is counted at
-the time the probe was due).
+``direct PEER --tasks K --warmup W --seconds S --runs N`` runs K tasks in one loop
+calling the handler directly for W + N S seconds (no HTTP) and prints the figures of
+each of the N windows of S seconds after the warm-up, with the loop's lag (a handler
+that never suspends starves the probe: its lag is counted at the time it was due).
 """
 
 from __future__ import annotations
@@ -211,22 +211,27 @@ async def load(
 
 
 async def direct(
-    peer: str, work: Workload, device: str, tasks: int, warmup: float, seconds: float
-) -> dict[str, Any]:
-    """``tasks`` tasks calling ``peer``'s handler in this loop (see the module docstring)."""
+    peer: str, work: Workload, device: str, tasks: int, warmup: float, seconds: float, runs: int
+) -> list[dict[str, Any]]:
+    """``tasks`` tasks calling ``peer``'s handler in this loop (see the module docstring),
+    ``runs`` windows of ``seconds`` one after the other: the figures of each."""
     stack: list[Any] = []
     try:
         handle, info = await make_handler(peer, work, device, stack)
     except Exception as exc:
-        return {"skipped": f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]}
+        return [{"skipped": f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]}]
     lags: list[tuple[float, float]] = []
     lag_task = asyncio.create_task(_lag_probe(lags))
     bodies = work.inputs()
     check = Checker(work, bodies)
-    start = time.time() + warmup
-    end = start + seconds
-    out: dict[str, Any] = {"checked": 0, "mismatches": 0, "errors": 0, "first_error": ""}
-    latencies: list[float] = []
+    first = time.time() + warmup
+    windows = [(first + k * seconds, first + (k + 1) * seconds) for k in range(runs)]
+    end = windows[-1][1]
+    outs = [{"checked": 0, "mismatches": 0, "errors": 0, "first_error": "", "lat": []}
+            for _ in windows]  # fmt: skip
+
+    def window(t: float) -> dict[str, Any]:
+        return outs[min(runs - 1, max(0, int((t - first) // seconds)))]
 
     async def worker(k: int) -> None:
         i = k
@@ -235,13 +240,14 @@ async def direct(
             i += 1
             t0 = time.perf_counter()
             got = await handle(bodies[which])
-            t1 = time.perf_counter()
+            t1, now = time.perf_counter(), time.time()
+            out = window(now)
             out["checked"] += 1
             if not check.ok(which, got):
                 out["mismatches"] += 1
                 out["first_error"] = out["first_error"] or f"{len(got)} bytes, wrong values"
-            elif start <= time.time() <= end:
-                latencies.append(t1 - t0)
+            elif first <= now <= end:
+                out["lat"].append(t1 - t0)
 
     try:
         await asyncio.gather(*(worker(k) for k in range(tasks)))
@@ -250,16 +256,23 @@ async def direct(
         lag_task.cancel()
         for client in stack:
             await client.close()
-    lat = sorted(latencies)
-    stats = _window_stats(lags, [], start, end)
+    return [_direct_figures(out, lags, lo, hi, f"{info}, {tasks} tasks, no HTTP")
+            for out, (lo, hi) in zip(outs, windows, strict=True)]  # fmt: skip
+
+
+def _direct_figures(
+    out: dict[str, Any], lags: list[tuple[float, float]], lo: float, hi: float, info: str
+) -> dict[str, Any]:
+    lat = sorted(out.pop("lat"))
+    stats = _window_stats(lags, [], lo, hi)
     return {
         **out,
-        "requests_per_s": len(lat) / seconds,
+        "requests_per_s": len(lat) / (hi - lo),
         "p50_ms": lat[len(lat) // 2] * 1e3 if lat else None,
         "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3 if lat else None,
         "loop_lag_p99_ms": stats["lag_p99_ms"],
         "loop_lag_max_ms": stats["lag_max_ms"],
-        "server": f"{info}, {tasks} tasks, no HTTP",
+        "server": info,
     }
 
 
@@ -309,6 +322,7 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=64)
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--runs", type=int, default=1, help="direct: windows one after the other")
     p.add_argument("--kernel-ms", type=float, default=1.0)
     p.add_argument("--gc-freeze", action="store_true")
     p.add_argument("--admit", type=int, default=0)
@@ -318,8 +332,8 @@ def main() -> None:
     if a.what == "serve":
         _run(serve(a.target, a.device, a.gc_freeze, a.admit, work), a.loop)
     elif a.what == "direct":
-        json.dump(_run(direct(a.target, work, a.device, a.tasks, a.warmup, a.seconds), a.loop),
-                  sys.stdout)  # fmt: skip
+        done = direct(a.target, work, a.device, a.tasks, a.warmup, a.seconds, a.runs)
+        json.dump(_run(done, a.loop), sys.stdout)
     elif a.what == "calibrate":
         json.dump(_run(calibrate(a.device, a.iters, a.kernel_ms), a.loop), sys.stdout)
     else:

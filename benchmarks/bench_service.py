@@ -157,15 +157,26 @@ def run_one(peer: str, loop: str, work: str, args: argparse.Namespace) -> dict[s
     }
 
 
-def run_direct(peer: str, loop: str, work: str, args: argparse.Namespace) -> dict[str, Any]:
-    """``peer``'s handler called by 64 tasks in one loop, no HTTP (``_service_app direct``)."""
-    proc = _spawn(["direct", peer, "--loop", loop, "--device", args.device,
-                   *work_args(work, args), "--tasks", str(args.clients),
-                   "--warmup", str(args.warmup), "--seconds", str(args.seconds)])  # fmt: skip
-    result = _load_result(proc, args.warmup + args.seconds + 180)
-    if "requests_per_s" not in result and "skipped" not in result:  # it crashed
-        return {"skipped": f"the process failed: {result.get('first_error')}", "errors": 1}
-    return result
+def run_direct(loop: str, work: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Each no-HTTP peer's handler called by ``args.clients`` tasks in one loop
+    (``_service_app direct``): one process per peer, ``args.runs`` windows one after the
+    other (no HTTP connections to set up again); the median window of each."""
+    by_peer: dict[str, Any] = {}
+    for peer in NO_HTTP_PEERS.split(","):
+        if loop == "uvloop" and not _has_uvloop():
+            by_peer[peer] = {"skipped": "uvloop is not installed"}
+            continue
+        proc = _spawn(["direct", peer, "--loop", loop, "--device", args.device,
+                       *work_args(work, args), "--tasks", str(args.clients), "--warmup",
+                       str(args.warmup), "--seconds", str(args.seconds), "--runs",
+                       str(args.runs)])  # fmt: skip
+        runs: Any = _load_result(proc, args.warmup + args.runs * args.seconds + 180)
+        if not isinstance(runs, list):  # it crashed: say so, and count it as an error
+            runs = [{"skipped": f"the process failed: {runs.get('first_error')}", "errors": 1}]
+        for r in runs:
+            print(f"{work:7} {loop:8} {peer + ' no HTTP':22} {json.dumps(r)[:400]}", flush=True)
+        by_peer[peer] = median_run(runs)
+    return by_peer
 
 
 def apply_load(
@@ -294,8 +305,9 @@ def expected_seconds(args: argparse.Namespace) -> float:
     loops = len(args.loops.split(","))
     total = 5.0 if args.device != "host" else 0.0  # the calibration
     for _, http, direct in _plan(args):
-        for peer in http + direct:
+        for peer in http:
             total += args.runs * loops * (args.warmup + args.seconds + START_S.get(peer, 2.0))
+        total += len(direct) * loops * (2.0 + args.warmup + args.runs * args.seconds)
     return total
 
 
@@ -335,7 +347,7 @@ def main() -> int:
     for work, http, direct in _plan(args):
         figures[work] = {"http": rounds(run_one, http, loops, work, args)}
         if direct:
-            figures[work]["no_http"] = rounds(run_direct, direct, loops, work, args)
+            figures[work]["no_http"] = {loop: run_direct(loop, work, args) for loop in loops}
     print(f"wall time: {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
     if args.json_only:
         print(json.dumps({**figures, "kernel": kernel}))
