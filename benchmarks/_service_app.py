@@ -1,20 +1,28 @@
-"""The processes of ``bench_service.py``: one service (``serve PEER``) or one load
-generator (``load URL``). Run by bench_service.py, not by hand.
+"""The processes of ``bench_service.py``: one service (``serve PEER``), one load
+generator (``load URL``), one service's handler called with no HTTP (``direct PEER``) or
+the compute kernel's calibration (``calibrate``). Run by bench_service.py, not by hand.
+The workloads and the handlers: ``_service_work.py``.
 
-``serve PEER --loop L --device D`` prints ``PORT n`` once it listens on 127.0.0.1 (or
-``SKIP reason`` and exits when PEER cannot run here), then serves ``POST /y`` and
-``GET /stats?since=T0&until=T1`` (over that wall-clock window: the loop lag probe's
-p99/max, and the garbage collector's pauses, which stop the loop too: milliseconds per
-second, the longest, and the full collections; and since the start, the most requests
-inside the handler at once). With ``--gc-freeze`` the server calls
+``serve PEER --workload W --loop L --device D`` prints ``PORT n`` once it listens on
+127.0.0.1 (or ``SKIP reason`` and exits when PEER cannot run here), then serves
+``POST /y`` and ``GET /stats?since=T0&until=T1`` (over that wall-clock window: the loop
+lag probe's p99/max, and the garbage collector's pauses, which stop the loop too:
+milliseconds per second, the longest, and the full collections; and since the start, the
+most requests inside the handler at once). With ``--gc-freeze`` the server calls
 ``gc.freeze()`` once it is ready (what a service does to keep its start-up objects out
 of every later collection). With ``--admit N`` at most N requests are inside the
 handler at once; the others wait, their bodies unread (what a service does to bound the
 work one loop iteration takes on).
 
-``load URL --clients K --start T --seconds S`` runs K concurrent clients until
-``T + S``, counts the requests completed inside ``[T, T + S]``, checks every response
-against numpy (with ``--echo``: against the body sent) and prints one JSON object.
+``load URL --clients K --seconds S`` prints ``READY`` once its bodies are made, reads the
+start time T from stdin, runs K concurrent clients until ``T + S``, counts the requests
+completed inside ``[T, T + S]``, checks every response (``_service_work.Checker``; with
+``--echo``: against the body sent) and prints one JSON object.
+
+``direct PEER --tasks K --warmup W --seconds S --runs N`` runs K tasks in one loop
+calling the handler directly for W + N S seconds (no HTTP) and prints the figures of
+each of the N windows of S seconds after the warm-up, with the loop's lag (a handler
+that never suspends starves the probe: its lag is counted at the time it was due).
 """
 
 from __future__ import annotations
@@ -26,129 +34,23 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _service_work import Checker, Workload, asynccube_parts, make_handler, workload
 
-N_FLOATS = 64 * 1024  # 256 KiB of float32
-PEERS = ("asynccube", "asynccube_lowlag", "cupy_thread", "torch_thread", "cupy_blocking",
-         "numpy_loop", "echo")  # fmt: skip
-OURS = {"asynccube": 1000, "asynccube_lowlag": 200}
-"""asynccube's services and their ``streaming.batch_us`` (the default; a small budget)."""
-Handler = Callable[[bytes], Awaitable[bytes]]
-
-Y_SRC = r"""
-extern "C" __global__ void y2x1(const float* x, float* y, unsigned int n) {
-    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = 2.0f * x[i] + 1.0f;
-}
-"""
-
-
-def _host_y2x1(launch: Any) -> None:
-    x = launch.buffers[0].view(np.float32)
-    y = launch.buffers[1].view(np.float32)
-    n = int(launch.scalar(np.uint32))
-    np.multiply(x[:n], np.float32(2), out=y[:n])
-    y[:n] += np.float32(1)
-
-
-async def _asynccube(device: str, stack: list[Any], batch_us: int) -> tuple[Handler, str]:
-    import asynccube as ac
-
-    client = await ac.connect(device, config={"streaming": {"batch_us": batch_us}})
-    stack.append(client)
-    kernel = ac.Kernel(
-        "bench_service_y2x1", cuda=ac.CudaSource(Y_SRC, "y2x1", (256, 1, 1)), host=_host_y2x1
-    )
-    count = ac.CubeCount((N_FLOATS + 255) // 256)
-    nbytes = N_FLOATS * 4
-
-    async def handle(body: bytes) -> bytes:
-        x = client.create(body)
-        y = client.empty(nbytes)
-        bindings = (
-            ac.Bindings()
-            .with_buffers([x.binding(), y.binding()])
-            .with_scalar(np.uint32, [N_FLOATS])
-        )
-        client.execute(kernel, count, bindings)
-        (out,) = await client.read([y])
-        return out
-
-    await handle(bytes(nbytes))  # compile and load before the clock starts
-    return handle, f"asynccube on {client.device}, batch_us {batch_us}"
-
-
-def _cupy_fn() -> Callable[[bytes], bytes]:
-    import cupy as cp
-
-    cp.cuda.runtime.getDeviceCount()  # raises without a GPU
-
-    def fn(body: bytes) -> bytes:
-        x = cp.asarray(np.frombuffer(body, np.float32))
-        y = 2 * x + 1
-        out: bytes = y.get().tobytes()
-        return out
-
-    fn(bytes(N_FLOATS * 4))
-    return fn
-
-
-def _torch_fn() -> Callable[[bytes], bytes]:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise RuntimeError("torch.cuda.is_available() is False")
-
-    def fn(body: bytes) -> bytes:
-        x = torch.frombuffer(bytearray(body), dtype=torch.float32).to("cuda")
-        y = x * 2 + 1
-        out: bytes = y.cpu().numpy().tobytes()
-        return out
-
-    fn(bytes(N_FLOATS * 4))
-    return fn
-
-
-async def make_handler(peer: str, device: str, stack: list[Any]) -> tuple[Handler, str]:
-    """The handler for ``peer``; raises with the reason when it cannot run here."""
-    if peer in OURS:
-        return await _asynccube(device, stack, OURS[peer])
-    if peer == "numpy_loop":  # the floor: aiohttp and the bodies, no device at all
-
-        async def on_loop(body: bytes) -> bytes:
-            x = np.frombuffer(body, np.float32)
-            return (x * np.float32(2) + np.float32(1)).tobytes()
-
-        return on_loop, "numpy on the loop (no device)"
-    if peer == "echo":  # the HTTP stack's own cost: the body back, no compute
-
-        async def echo(body: bytes) -> bytes:
-            return body
-
-        return echo, "echo (no compute)"
-    if device == "host":
-        raise RuntimeError(f"{peer} needs a GPU; this run uses the host server")
-    fn = _torch_fn() if peer == "torch_thread" else _cupy_fn()
-    if peer == "cupy_blocking":
-
-        async def blocking(body: bytes) -> bytes:
-            return fn(body)
-
-        return blocking, peer
-
-    async def threaded(body: bytes) -> bytes:
-        return await asyncio.to_thread(fn, body)
-
-    return threaded, peer
+Probe = Callable[[str], None]
+"""Called with a phase name as a request enters it (``body_in``, ``compute``,
+``body_out``): ``service_profile.py``'s marks."""
 
 
 async def _lag_probe(samples: list[tuple[float, float]]) -> None:
     while True:
         t0 = time.perf_counter()
         await asyncio.sleep(0.001)
-        samples.append((time.time(), time.perf_counter() - t0 - 0.001))
+        late = time.perf_counter() - t0 - 0.001
+        samples.append((time.time() - late, late))  # when it was due, how late it woke
 
 
 def _gc_probe(pauses: list[tuple[float, int, float]]) -> Callable[[str, Any], None]:
@@ -179,18 +81,27 @@ def _window_stats(
     }
 
 
-async def serve(peer: str, device: str, freeze: bool = False, admit: int = 0) -> None:
+async def serve(
+    peer: str,
+    device: str,
+    freeze: bool = False,
+    admit: int = 0,
+    work: Workload | None = None,
+    probe: Probe | None = None,
+) -> None:
+    """Serve ``peer``'s handler of ``work`` (default: the small workload) until
+    cancelled (see the module docstring); ``probe``: see :data:`Probe`."""
     from aiohttp import web
 
     stack: list[Any] = []
     try:
-        handle, info = await make_handler(peer, device, stack)
+        handle, info = await make_handler(peer, work or workload("small"), device, stack)
     except Exception as exc:
         print(f"SKIP {type(exc).__name__}: {exc}".replace("\n", " ")[:300], flush=True)
         return
     lags: list[tuple[float, float]] = []
     pauses: list[tuple[float, int, float]] = []
-    probe = asyncio.create_task(_lag_probe(lags))
+    lag_task = asyncio.create_task(_lag_probe(lags))
     gc.callbacks.append(_gc_probe(pauses))
 
     gate = asyncio.Semaphore(admit) if admit > 0 else None
@@ -200,7 +111,14 @@ async def serve(peer: str, device: str, freeze: bool = False, admit: int = 0) ->
         inside[0] += 1
         inside[1] = max(inside[1], inside[0])
         try:
-            return web.Response(body=await handle(await request.read()))
+            if probe is None:
+                return web.Response(body=await handle(await request.read()))
+            probe("body_in")
+            body = await request.read()
+            probe("compute")
+            out = await handle(body)
+            probe("body_out")
+            return web.Response(body=out)
         finally:
             inside[0] -= 1
 
@@ -229,7 +147,7 @@ async def serve(peer: str, device: str, freeze: bool = False, admit: int = 0) ->
     try:
         await asyncio.Event().wait()  # until terminated
     finally:
-        probe.cancel()
+        lag_task.cancel()
         await runner.cleanup()
         for client in stack:
             await client.close()
@@ -253,13 +171,12 @@ async def answer_windows(
 
 
 async def load(
-    url: str, clients: int, start: float, seconds: float, echo: bool = False
+    url: str, clients: int, start: float, seconds: float, bodies: list[bytes], check: Checker
 ) -> dict[str, Any]:
+    """``clients`` concurrent clients posting ``bodies`` to ``url`` until ``start +
+    seconds``; their latencies in the window and the checks (see the module docstring)."""
     import aiohttp
 
-    rng = np.random.default_rng()
-    inputs = [rng.standard_normal(N_FLOATS).astype(np.float32) for _ in range(8)]
-    bodies = [(x.tobytes(), (x if echo else 2 * x + 1).tobytes()) for x in inputs]
     end = start + seconds
     out: dict[str, Any] = {"latencies_us": [], "checked": 0, "mismatches": 0, "errors": 0,
                            "first_error": ""}  # fmt: skip
@@ -268,11 +185,11 @@ async def load(
     async def client(k: int, session: aiohttp.ClientSession) -> None:
         i = k
         while time.time() < end:
-            body, want = bodies[i % len(bodies)]
+            which = i % len(bodies)
             i += 1
             t0 = time.perf_counter()
             try:
-                async with session.post(f"{url}/y", data=body) as resp:
+                async with session.post(f"{url}/y", data=bodies[which]) as resp:
                     got = await resp.read()
                     status = resp.status
             except Exception as exc:
@@ -282,7 +199,7 @@ async def load(
             t1 = time.perf_counter()
             done = time.time()
             out["checked"] += 1
-            if status != 200 or got != want:
+            if status != 200 or not check.ok(which, got):
                 out["mismatches"] += 1
                 out["first_error"] = out["first_error"] or f"status {status}, {len(got)} bytes"
             elif start <= done <= end:
@@ -293,32 +210,139 @@ async def load(
     return out
 
 
+async def direct(
+    peer: str, work: Workload, device: str, tasks: int, warmup: float, seconds: float, runs: int
+) -> list[dict[str, Any]]:
+    """``tasks`` tasks calling ``peer``'s handler in this loop (see the module docstring),
+    ``runs`` windows of ``seconds`` one after the other: the figures of each."""
+    stack: list[Any] = []
+    try:
+        handle, info = await make_handler(peer, work, device, stack)
+    except Exception as exc:
+        return [{"skipped": f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]}]
+    lags: list[tuple[float, float]] = []
+    lag_task = asyncio.create_task(_lag_probe(lags))
+    bodies = work.inputs()
+    check = Checker(work, bodies)
+    first = time.time() + warmup
+    windows = [(first + k * seconds, first + (k + 1) * seconds) for k in range(runs)]
+    end = windows[-1][1]
+    outs = [{"checked": 0, "mismatches": 0, "errors": 0, "first_error": "", "lat": []}
+            for _ in windows]  # fmt: skip
+
+    def window(t: float) -> dict[str, Any]:
+        return outs[min(runs - 1, max(0, int((t - first) // seconds)))]
+
+    async def worker(k: int) -> None:
+        i = k
+        while time.time() < end:
+            which = i % len(bodies)
+            i += 1
+            t0 = time.perf_counter()
+            got = await handle(bodies[which])
+            t1, now = time.perf_counter(), time.time()
+            out = window(now)
+            out["checked"] += 1
+            if not check.ok(which, got):
+                out["mismatches"] += 1
+                out["first_error"] = out["first_error"] or f"{len(got)} bytes, wrong values"
+            elif first <= now <= end:
+                out["lat"].append(t1 - t0)
+
+    try:
+        await asyncio.gather(*(worker(k) for k in range(tasks)))
+        await asyncio.sleep(0.002)  # the probe's last sample
+    finally:
+        lag_task.cancel()
+        for client in stack:
+            await client.close()
+    return [_direct_figures(out, lags, lo, hi, f"{info}, {tasks} tasks, no HTTP")
+            for out, (lo, hi) in zip(outs, windows, strict=True)]  # fmt: skip
+
+
+def _direct_figures(
+    out: dict[str, Any], lags: list[tuple[float, float]], lo: float, hi: float, info: str
+) -> dict[str, Any]:
+    lat = sorted(out.pop("lat"))
+    stats = _window_stats(lags, [], lo, hi)
+    return {
+        **out,
+        "requests_per_s": len(lat) / (hi - lo),
+        "p50_ms": lat[len(lat) // 2] * 1e3 if lat else None,
+        "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3 if lat else None,
+        "loop_lag_p99_ms": stats["lag_p99_ms"],
+        "loop_lag_max_ms": stats["lag_max_ms"],
+        "server": info,
+    }
+
+
+async def calibrate(device: str, iters: int, target_ms: float) -> dict[str, Any]:
+    """The compute kernel's time on ``device`` (back-to-back launches, one stream) at
+    ``iters`` iterations, then at the count scaled to ``target_ms``."""
+    stack: list[Any] = []
+
+    async def kernel_ms(n: int) -> float:
+        p = await asynccube_parts(workload("compute", n), device, stack)
+        x, y = p.client.create(bytes(p.nbytes)), p.client.empty(p.nbytes)
+        bindings = p.bindings(x, y)
+        p.client.execute(p.kernel, p.count, bindings)  # compile and load
+        await p.client.sync()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            p.client.execute(p.kernel, p.count, bindings)
+        await p.client.sync()
+        return (time.perf_counter() - t0) / 20 * 1e3
+
+    try:
+        trial = await kernel_ms(iters)
+        scaled = max(1, round(iters * target_ms / trial))
+        return {"iters": scaled, "kernel_ms": await kernel_ms(scaled), "trial_ms": trial}
+    finally:
+        for client in stack:
+            await client.close()
+
+
+def _run(coro: Any, loop: str) -> Any:
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=("serve", "load"))
-    p.add_argument("target")
+    p.add_argument("what", choices=("serve", "load", "direct", "calibrate"))
+    p.add_argument("target", nargs="?", default="", help="the service, or the URL to load")
+    p.add_argument("--workload", default="small", choices=("small", "compute"))
+    p.add_argument("--iters", type=int, default=0, help="the compute kernel's iterations")
     p.add_argument("--loop", default="asyncio")
     p.add_argument("--device", default="host")
     p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--start", type=float, default=0.0)
+    p.add_argument("--tasks", type=int, default=64)
+    p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--runs", type=int, default=1, help="direct: windows one after the other")
+    p.add_argument("--kernel-ms", type=float, default=1.0)
     p.add_argument("--gc-freeze", action="store_true")
     p.add_argument("--admit", type=int, default=0)
     p.add_argument("--echo", action="store_true", help="load: expect the body sent back")
     a = p.parse_args()
-    coro: Any = (
-        serve(a.target, a.device, a.gc_freeze, a.admit)
-        if a.what == "serve"
-        else load(a.target, a.clients, a.start, a.seconds, a.echo)
-    )
-    if a.loop == "uvloop":
-        import uvloop
-
-        result = uvloop.run(coro)
+    work = workload(a.workload, a.iters)
+    if a.what == "serve":
+        _run(serve(a.target, a.device, a.gc_freeze, a.admit, work), a.loop)
+    elif a.what == "direct":
+        done = direct(a.target, work, a.device, a.tasks, a.warmup, a.seconds, a.runs)
+        json.dump(_run(done, a.loop), sys.stdout)
+    elif a.what == "calibrate":
+        json.dump(_run(calibrate(a.device, a.iters, a.kernel_ms), a.loop), sys.stdout)
     else:
-        result = asyncio.run(coro)
-    if a.what == "load":
-        json.dump(result, sys.stdout)
+        bodies = work.inputs()
+        check = Checker(work, bodies, echo=a.echo)
+        print("READY", flush=True)
+        start = float(sys.stdin.readline())
+        json.dump(_run(load(a.target, a.clients, start, a.seconds, bodies, check), a.loop),
+                  sys.stdout)  # fmt: skip
 
 
 if __name__ == "__main__":

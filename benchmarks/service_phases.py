@@ -57,13 +57,14 @@ def _record_commands(records: list[dict[str, Any]]) -> None:
 def serve(loop: str, device: str, batch_us: int) -> None:
     """The service, answering ``lo hi`` lines on stdin with the handler's spans."""
     import _service_app as app
+    from _service_work import _asynccube
 
     records: list[dict[str, Any]] = []
     handled: list[tuple[float, float, dict[str, Any] | None]] = []
     _record_commands(records)
 
-    async def timed_handler(peer: str, dev: str, stack: list[Any]) -> Any:
-        handle, info = await app._asynccube(dev, stack, batch_us)
+    async def timed_handler(peer: str, work: Any, dev: str, stack: list[Any]) -> Any:
+        handle, info = await _asynccube(work, dev, stack, batch_us)
 
         async def timed(body: bytes) -> bytes:
             start, task, mark = time.perf_counter(), asyncio.current_task(), len(records)
