@@ -158,8 +158,9 @@ class TuneResult:
 
     @property
     def pruned(self) -> tuple[str, ...]:
-        """Names of the implementations adaptive sampling stopped sampling."""
-        return tuple(o.name for o in self.outcomes if o.pruned)
+        """Names of the implementations adaptive sampling stopped sampling, in the
+        set's order."""
+        return tuple(o.name for o in sorted(self.outcomes, key=lambda o: o.index) if o.pruned)
 
     @property
     def within_bound(self) -> bool | None:
