@@ -129,8 +129,8 @@ class TunableSet(Generic[K, In, Out]):
             )
         self._key = key
         self._inputs = inputs
-        self.bound = _bound_spec(bound)
-        self.sampling = _sampling(sampling)
+        self._bound = _bound_spec(bound)
+        self._sampling = _sampling(sampling)
         self.version = version
         self._default = default
         self._tunables: list[Tunable[In, Out]] = []
@@ -143,9 +143,19 @@ class TunableSet(Generic[K, In, Out]):
     def __repr__(self) -> str:
         return f"TunableSet({list(self.names)!r}, version={self.version!r})"
 
+    @property
+    def bound(self) -> BoundSpec:
+        """The ``bound`` given (seconds given as a :class:`TuneBound`)."""
+        return self._bound
+
+    @property
+    def sampling(self) -> AdaptiveSampling | bool | None:
+        """The ``sampling`` given (True given as the :class:`AdaptiveSampling` defaults)."""
+        return self._sampling
+
     def bound_for(self, key: K) -> TuneBound | None:
         """The set's :class:`TuneBound` for ``key`` (None: no bound)."""
-        spec = self.bound
+        spec = self._bound
         if spec is None or isinstance(spec, TuneBound):
             return spec
         got = spec(key) if callable(spec) else spec
@@ -261,7 +271,7 @@ class TunableSet(Generic[K, In, Out]):
                 "names": self.names,
                 "version": self.version,
             }
-            if (bound := _bound_checksum(self.bound)) is not None:
+            if (bound := _bound_checksum(self._bound)) is not None:
                 doc["bound"] = bound
             text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
             self._checksum = hashlib.sha256(text.encode()).hexdigest()
