@@ -79,3 +79,49 @@ async def test_background_tuning_on_the_gpu(tmp_path: Path) -> None:
         assert tuner.runs == 1
         assert tuner.result(client, ex.SUM.generate_key(x)) is not None
         assert await ex.tuned_sum(client, tuner, x) == pytest.approx(expected, rel=1e-4)
+
+
+def _repeated(times: int) -> ac.Tunable[ac.Tensor, ac.Tensor]:
+    """The 256-thread sum launched ``times`` times: far behind on any GPU."""
+    base = ex.SUM["block_256"]
+
+    async def fn(client: ac.ComputeClient, x: ac.Tensor) -> ac.Tensor:
+        out = await base(client, x)
+        for i in range(times - 1):
+            out = await base(client, x)
+            if i % 10 == 0:
+                await asyncio.sleep(0)  # launches queue inline: let the loop breathe
+        return out
+
+    return ac.Tunable(f"block_256_x{times}", fn)
+
+
+@pytest.mark.asyncio
+async def test_bounded_and_adaptive_tuning_on_the_gpu(tmp_path: Path) -> None:
+    data = await asyncio.to_thread(_data, N)
+    async with ac.open_client("cuda:0") as client:
+        x = client.create_array(data)
+        # Adaptive: the 200-fold variant is pruned after 2 device-timed samples.
+        sampling = ac.AdaptiveSampling(min_samples=2, max_samples=6)
+        adaptive = ac.TunableSet(
+            ex.SUM.generate_key, tunables=[_repeated(200), *ex.SUM], sampling=sampling
+        )
+        tuner = ac.Tuner("cuda_adaptive", cache_dir=tmp_path)
+        result = await tuner.tune(client, adaptive, x)
+        assert result.reason is ac.TuneReason.PRUNED
+        assert "block_256_x200" in result.pruned
+        assert result.fastest_name in ex.SUM.names
+        slow = next(o for o in result.outcomes if o.name == "block_256_x200")
+        assert len(slow.samples_ns) == 2
+        # Bounded: 4 bytes per element at 1 GB/s is far above any variant's time, so
+        # the first one is taken and the rest are not benchmarked.
+        bounded = ac.TunableSet(
+            ex.SUM.generate_key,
+            tunables=list(ex.SUM),
+            bound=lambda key: ac.TuneBound.throughput(4 * key.n, 1e9),
+        )
+        result = await ac.Tuner("cuda_bounded", cache_dir=tmp_path).tune(client, bounded, x)
+        assert result.reason is ac.TuneReason.BOUND_MET
+        assert result.fastest_name == ex.SUM.names[0]
+        assert result.skipped == ex.SUM.names[1:]
+        assert result.within_bound is True

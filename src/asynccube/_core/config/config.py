@@ -37,6 +37,9 @@ Example ``asynccube.toml`` (every key shown with its default)::
     cache_dir = "~/.cache/asynccube/autotune"    # platform user cache dir
     logging = "disabled"      # "disabled" | "minimal" | "full"
     progress = true           # a progress bar while tuning (tqdm, terminal/notebook)
+    adaptive = false          # stop sampling implementations far behind the leader
+    min_samples = 3           # adaptive: samples before one may be pruned (1..=10000)
+    prune_ratio = 2.0         # adaptive: pruned when its best > ratio x leader's median
 
     [compilation]
     cache = true

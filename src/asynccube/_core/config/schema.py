@@ -135,6 +135,21 @@ def _int_range(lo: int, hi: int) -> Parser:
     return parse
 
 
+def _float_above(lo: float, hi: float) -> Parser:
+    def parse(raw: object, from_env: bool, base: Path) -> object:
+        expected = f"a number above {lo:g}, at most {hi:g}"
+        if from_env:
+            try:
+                raw = float(str(raw).strip())
+            except ValueError:
+                raise _BadValue(expected) from None
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not lo < raw <= hi:
+            raise _BadValue(expected)
+        return float(raw)
+
+    return parse
+
+
 def _as_int(raw: object, from_env: bool, expected: str) -> int:
     if from_env:
         try:
@@ -264,6 +279,11 @@ class AutotuneConfig:
         logging: Level of ``asynccube.autotune`` (disabled, minimal, full).
         progress: Show a progress bar while tuning (where tqdm is installed and a
             terminal or notebook shows it).
+        adaptive: Sample adaptively (``AdaptiveSampling``) where a tunable set says
+            nothing: stop sampling implementations far behind the leader.
+        min_samples: Adaptive sampling: samples before an implementation may be pruned.
+        prune_ratio: Adaptive sampling: an implementation whose fastest sample is more
+            than this many times the leader's median is pruned (> 1).
     """
 
     level: AutotuneLevel = field(
@@ -275,6 +295,9 @@ class AutotuneConfig:
         default=LogLevel.DISABLED, metadata=_meta(_levels("disabled", "minimal", "full"))
     )
     progress: bool = field(default=True, metadata=_meta(_parse_bool))
+    adaptive: bool = field(default=False, metadata=_meta(_parse_bool))
+    min_samples: int = field(default=3, metadata=_meta(_int_range(1, 10_000)))
+    prune_ratio: float = field(default=2.0, metadata=_meta(_float_above(1.0, 1e6)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from typing import TYPE_CHECKING, Any, Final
 
 from ..channel.backend import to_thread
 from ..config.logging import area_logger
+from ..config.schema import AutotuneConfig
 from ..errors import AsyncCubeError
 from .cache import AutotuneOutcome
 from .tunable import Tunable
@@ -17,7 +19,14 @@ from .tunable import Tunable
 if TYPE_CHECKING:
     from ..client.client import ComputeClient
 
-__all__ = ["SAMPLES_BY_LEVEL", "benchmark", "configured_samples", "from_code"]
+__all__ = [
+    "SAMPLES_BY_LEVEL",
+    "autotune_config",
+    "benchmark",
+    "configured_samples",
+    "from_code",
+    "profiled",
+]
 
 log = area_logger("autotune")
 
@@ -46,14 +55,14 @@ async def benchmark(
             count = SAMPLES_BY_LEVEL[str(level.value)]  # open_client(config=...)
         if count is None:
             count = samples = await to_thread(configured_samples)
-        timings = [await _profiled(client, tunable, inputs) for _ in range(count)]
+        timings = [await profiled(client, tunable, inputs) for _ in range(count)]
     except Exception as exc:
         log.info("autotune %s: %s failed: %s: %s", name, tunable.name, type(exc).__name__, exc)
         return AutotuneOutcome.failed(tunable.name, index, exc), samples
     return AutotuneOutcome.from_samples(tunable.name, index, timings), samples
 
 
-async def _profiled(client: ComputeClient, tunable: Tunable[Any, Any], inputs: Any) -> int:
+async def profiled(client: ComputeClient, tunable: Tunable[Any, Any], inputs: Any) -> int:
     """Nanoseconds one run of ``tunable`` takes, profiled by the client."""
     token = client.start_profile()
     try:
@@ -88,3 +97,27 @@ def configured_samples() -> int:
         log.warning("autotune: cannot read the configuration (%s); using 10 samples", exc)
         return 10
     return SAMPLES_BY_LEVEL[str(level.value)]
+
+
+async def autotune_config(client: ComputeClient) -> AutotuneConfig:
+    """``[autotune]`` as the tuner sees it: the keys set in code on the client, else
+    the file and the environment (read in a worker thread; their defaults, with a
+    warning, where the configuration cannot be read)."""
+    base = await to_thread(_file_autotune)
+    config = getattr(client, "config", None)
+    if config is None:
+        return base
+    code = getattr(client, "config_from_code", ())
+    fields = [f.name for f in dataclasses.fields(AutotuneConfig)]
+    overrides = {k: getattr(config.autotune, k) for k in fields if f"autotune.{k}" in code}
+    return dataclasses.replace(base, **overrides)
+
+
+def _file_autotune() -> AutotuneConfig:
+    from ..config.config import load_config
+
+    try:
+        return load_config().autotune
+    except AsyncCubeError as exc:
+        log.warning("autotune: cannot read the configuration (%s); using its defaults", exc)
+        return AutotuneConfig()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from ..errors import InvalidArgument
 from .key import AutotuneKey
+from .policy import AdaptiveSampling, TuneBound
 
 if TYPE_CHECKING:
     from ..client.client import ComputeClient
@@ -33,6 +34,9 @@ TuneFn = Callable[["ComputeClient", In], Awaitable[Out]]
 """An implementation: ``async def fn(client, inputs) -> output``."""
 
 _CHECKSUM_FORMAT = 1
+
+BoundSpec = TuneBound | float | Callable[[Any], "TuneBound | float | None"] | None
+"""A set's bound: a :class:`TuneBound`, seconds, or ``bound(key) -> either | None``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +89,21 @@ class TunableSet(Generic[K, In, Out]):
             (background mode) and as the reference for output checks. Default: 0.
         tunables: Implementations to start with (``Tunable`` or plain functions,
             named by their ``__name__``).
+        bound: A time each run should stay within: a :class:`TuneBound`, seconds, or
+            ``bound(key) -> TuneBound | seconds | None`` (e.g. from a throughput
+            target: ``lambda key: TuneBound.throughput(4 * key.n, 500e9)``). With
+            short-circuit (the default) the first implementation, in the set's order,
+            whose median is within it is taken and the rest are not benchmarked.
+        sampling: :class:`AdaptiveSampling` (or True for its defaults) to stop
+            sampling implementations far behind the leader; False for a fixed count;
+            None (default): ``[autotune] adaptive``, ``min_samples`` and
+            ``prune_ratio`` from the configuration.
 
     The order of implementations matters (results are stored by index and name), so
-    it is part of the checksum together with the names and ``version``.
+    it is part of the checksum together with the names and ``version``; so is a
+    short-circuiting bound (a stored pick was the first within it, not the fastest).
+    A bound given as a function enters the checksum by its name only: bump
+    ``version`` when it changes.
     """
 
     def __init__(
@@ -98,6 +114,8 @@ class TunableSet(Generic[K, In, Out]):
         version: str = "",
         default: int | str = 0,
         tunables: Iterable[Tunable[In, Out] | TuneFn[In, Out]] = (),
+        bound: BoundSpec = None,
+        sampling: AdaptiveSampling | bool | None = None,
     ) -> None:
         if not callable(key):
             raise InvalidArgument("TunableSet: key= must be a callable inputs -> AutotuneKey")
@@ -111,6 +129,8 @@ class TunableSet(Generic[K, In, Out]):
             )
         self._key = key
         self._inputs = inputs
+        self._bound = _bound_spec(bound)
+        self._sampling = _sampling(sampling)
         self.version = version
         self._default = default
         self._tunables: list[Tunable[In, Out]] = []
@@ -122,6 +142,30 @@ class TunableSet(Generic[K, In, Out]):
 
     def __repr__(self) -> str:
         return f"TunableSet({list(self.names)!r}, version={self.version!r})"
+
+    @property
+    def bound(self) -> BoundSpec:
+        """The ``bound`` given (seconds given as a :class:`TuneBound`)."""
+        return self._bound
+
+    @property
+    def sampling(self) -> AdaptiveSampling | bool | None:
+        """The ``sampling`` given (True given as the :class:`AdaptiveSampling` defaults)."""
+        return self._sampling
+
+    def bound_for(self, key: K) -> TuneBound | None:
+        """The set's :class:`TuneBound` for ``key`` (None: no bound)."""
+        spec = self._bound
+        if spec is None or isinstance(spec, TuneBound):
+            return spec
+        got = spec(key) if callable(spec) else spec
+        if got is None or isinstance(got, TuneBound):
+            return got
+        if isinstance(got, bool) or not isinstance(got, int | float):
+            raise InvalidArgument(
+                f"TunableSet: bound({key}) returned {got!r}; return a TuneBound, seconds or None"
+            )
+        return TuneBound(got)
 
     # -- building -------------------------------------------------------------------
 
@@ -222,7 +266,41 @@ class TunableSet(Generic[K, In, Out]):
         names in order, their number and ``version``. A stored result whose checksum
         differs is discarded and the key retuned."""
         if self._checksum is None:
-            doc = {"format": _CHECKSUM_FORMAT, "names": self.names, "version": self.version}
+            doc: dict[str, Any] = {
+                "format": _CHECKSUM_FORMAT,
+                "names": self.names,
+                "version": self.version,
+            }
+            if (bound := _bound_checksum(self._bound)) is not None:
+                doc["bound"] = bound
             text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
             self._checksum = hashlib.sha256(text.encode()).hexdigest()
         return self._checksum
+
+
+def _bound_spec(bound: object) -> BoundSpec:
+    if bound is None or isinstance(bound, TuneBound) or callable(bound):
+        return cast(BoundSpec, bound)
+    if isinstance(bound, bool) or not isinstance(bound, int | float):
+        raise InvalidArgument(
+            f"TunableSet: bound must be a TuneBound, seconds, or a callable key -> bound, "
+            f"got {bound!r}"
+        )
+    return TuneBound(bound)
+
+
+def _sampling(sampling: object) -> AdaptiveSampling | bool | None:
+    if sampling is None or isinstance(sampling, AdaptiveSampling | bool):
+        return AdaptiveSampling() if sampling is True else sampling
+    raise InvalidArgument(
+        f"TunableSet: sampling must be an AdaptiveSampling, True, False or None, got {sampling!r}"
+    )
+
+
+def _bound_checksum(bound: BoundSpec) -> str | None:
+    """What of a bound gives stored results their meaning (None: nothing)."""
+    if bound is None or (isinstance(bound, TuneBound) and not bound.short_circuit):
+        return None
+    if isinstance(bound, TuneBound):
+        return repr(bound.seconds)
+    return "callable:" + str(getattr(bound, "__qualname__", None) or type(bound).__qualname__)

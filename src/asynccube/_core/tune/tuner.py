@@ -6,7 +6,9 @@ For a key seen for the first time, each implementation runs ``warmup`` times, th
 timing with CUDA events on a GPU, synchronized wall clock on the host); the one with the
 lowest median wins. A set of one implementation is used without benchmarking. An
 implementation that raises is recorded as failed; if all fail,
-:class:`~asynccube.AutotuneError` names each failure.
+:class:`~asynccube.AutotuneError` names each failure. A set's :class:`TuneBound` and
+:class:`AdaptiveSampling` shorten the search (see :mod:`.sampling`); the result says why
+it picked what it did (:class:`TuneReason`).
 
 Tuning runs in its own task (asyncio's, or a trio system task; so on its own stream),
 shared by every caller asking for the same key: fifty concurrent callers start one run. In
@@ -27,10 +29,12 @@ from ..channel.backend import running_loop, shield, wait_all
 from ..channel.progress import open_progress
 from ..config.logging import area_logger
 from ..errors import AutotuneCheckError, AutotuneError, InvalidArgument
-from .bench import SAMPLES_BY_LEVEL, benchmark, configured_samples, from_code
-from .cache import AutotuneOutcome, TuneCache, TuneResult, device_fingerprint
+from .bench import SAMPLES_BY_LEVEL, configured_samples, from_code
+from .cache import TuneCache, TuneResult, device_fingerprint
 from .checks import CheckReport, TuneChecks, run_checks
 from .key import AutotuneKey
+from .policy import TuneReason
+from .sampling import Plan, Run, pick, resolve_plan, run_plan
 from .tunable import Tunable, TunableSet
 
 if TYPE_CHECKING:
@@ -62,8 +66,9 @@ class Tuner:
         name: Names the operation (and its cache file); one tuner per operation.
         mode: :attr:`TuneMode.BLOCKING` (default) or :attr:`TuneMode.BACKGROUND`.
         warmup: Unprofiled runs of each implementation before its samples.
-        samples: Profiled runs of each implementation (the median decides); by default
-            from ``[autotune] level``: minimal 3, balanced 10, extensive 25, full 50.
+        samples: Profiled runs of each implementation (the median decides; the most,
+            under adaptive sampling); by default from ``[autotune] level``: minimal 3,
+            balanced 10, extensive 25, full 50.
         cache_dir: Root of the on-disk cache (default: ``[autotune] cache_dir`` from
             the configuration, i.e. ``$XDG_CACHE_HOME/asynccube/autotune`` or
             ``~/.cache/asynccube/autotune``).
@@ -274,7 +279,7 @@ class Tuner:
         if failure is not None:
             raise failure
         if len(tunables) == 1:
-            result = TuneResult(0, tunables.names[0], checksum, (), source="single")
+            result = TuneResult(0, tunables.names[0], checksum, (), "single", TuneReason.SINGLE)
         else:
             result = cache.persisted(key, checksum)
             if result is None:
@@ -324,8 +329,8 @@ class Tuner:
         try:
             bench_inputs = await tunables.generate_inputs(key, inputs)
             await self._run_checks(client, tunables, key, bench_inputs)
-            outcomes = await self._benchmark_all(client, tunables, key, bench_inputs)
-            result = self._pick(key, checksum, outcomes)
+            plan, run = await self._benchmark_all(client, tunables, key, bench_inputs)
+            result = pick(self.name, key, checksum, plan, run)
         except AutotuneError as exc:
             if not client.closed:  # a closed client says nothing about the tunables
                 cache.insert_failure(key, checksum, exc)
@@ -350,44 +355,20 @@ class Tuner:
 
     async def _benchmark_all(
         self, client: ComputeClient, tunables: TunableSet[K, In, Out], key: K, inputs: In
-    ) -> list[AutotuneOutcome]:
-        """Benchmark each implementation, with a progress bar where one is shown."""
+    ) -> tuple[Plan, Run]:
+        """Benchmark the implementations as the plan for ``key`` says, with a progress
+        bar where one is shown."""
+        plan = await resolve_plan(client, tunables, key, self.warmup, self.samples)
         config = getattr(client, "config", None)
         enabled = config is None or config.autotune.progress
         progress = await open_progress(len(tunables), f"autotune {self.name}", enabled=enabled)
-        outcomes = []
         try:
-            for index, tunable in enumerate(tunables):
-                outcomes.append(await self._benchmark(client, index, tunable, inputs))
-                progress.step(f"{key}: {tunable.name}")
+            run = await run_plan(
+                client, self.name, tunables, inputs, plan, lambda n: progress.step(f"{key}: {n}")
+            )
         finally:
             progress.close()
-        return outcomes
-
-    async def _benchmark(
-        self, client: ComputeClient, index: int, tunable: Tunable[Any, Any], inputs: Any
-    ) -> AutotuneOutcome:
-        outcome, samples = await benchmark(
-            client, self.name, index, tunable, inputs, self.warmup, self.samples
-        )
-        self.samples = samples
-        return outcome
-
-    def _pick(self, key: AutotuneKey, checksum: str, outcomes: list[AutotuneOutcome]) -> TuneResult:
-        ranked = sorted(outcomes, key=lambda o: (o.sort_key, o.index))
-        best = ranked[0]
-        if not best.ok:
-            failures = "; ".join(f"{o.name}: {o.error}" for o in outcomes)
-            raise AutotuneError(
-                f"autotune {self.name}: every implementation failed for {key}: {failures}"
-            )
-        log.info(
-            "Fastest result %s-%s. Top 3 times: %s",
-            best.name,
-            key,
-            "; ".join(str(o) for o in ranked[:3]),
-        )
-        return TuneResult(best.index, best.name, checksum, tuple(ranked))
+        return plan, run
 
 
 def _mode(mode: TuneMode | str) -> TuneMode:
