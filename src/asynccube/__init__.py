@@ -34,6 +34,7 @@ from ._core.errors import (
     InvalidArgument,
     InvalidHandle,
     IoError,
+    KernelDefinitionError,
     KernelNotSupported,
     LoopMismatchError,
     OutOfMemory,
@@ -46,6 +47,14 @@ from ._core.errors import (
     UnsupportedStrides,
 )
 from ._core.host.server import HostServer
+from ._core.kernels import (
+    ElementwiseKernel,
+    KernelCall,
+    KernelLaunch,
+    ReductionKernel,
+    elementwise,
+    reduction,
+)
 from ._core.memory import MemoryReport, PoolReport
 from ._core.profiling.records import KernelRecord, ProfileStats, ProfileSummary
 from ._core.profiling.timeline import Timeline
@@ -127,6 +136,7 @@ __all__ = [
     "DeviceError",
     "DLPackError",
     "DeviceProperties",
+    "ElementwiseKernel",
     "ExecutionError",
     "ExecutionMode",
     "Graph",
@@ -140,6 +150,9 @@ __all__ = [
     "InvalidHandle",
     "IoError",
     "Kernel",
+    "KernelCall",
+    "KernelDefinitionError",
+    "KernelLaunch",
     "KernelNotSupported",
     "KernelRecord",
     "LoopMismatchError",
@@ -155,6 +168,7 @@ __all__ = [
     "ProfileStats",
     "ProfileSummary",
     "ProfilingToken",
+    "ReductionKernel",
     "ScalarBinding",
     "ScalarTypeError",
     "StreamId",
@@ -182,5 +196,7 @@ __all__ = [
     "__version__",
     "anchor",
     "connect",
+    "elementwise",
     "open_client",
+    "reduction",
 ]

@@ -6,5 +6,13 @@ from __future__ import annotations
 
 from .binding import KernelLaunch
 from .elementwise import ElementwiseKernel, KernelCall, elementwise
+from .reduction import ReductionKernel, reduction
 
-__all__ = ["ElementwiseKernel", "KernelCall", "KernelLaunch", "elementwise"]
+__all__ = [
+    "ElementwiseKernel",
+    "KernelCall",
+    "KernelLaunch",
+    "ReductionKernel",
+    "elementwise",
+    "reduction",
+]

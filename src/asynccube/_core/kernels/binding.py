@@ -28,7 +28,7 @@ class KernelLaunch(NamedTuple):
     ``client.execute(*launch)``."""
 
     kernel: Kernel
-    count: CubeCount
+    cubes: CubeCount
     bindings: Bindings
 
 

@@ -124,9 +124,7 @@ class ElementwiseKernel:
         return KernelCall((launch,), outputs)
 
     def _spec(self, args: CallArgs) -> _Spec:
-        given = tuple(
-            args.tensors[o].dtype if o in args.tensors else None for o in self.outputs
-        )
+        given = tuple(args.tensors[o].dtype if o in args.tensors else None for o in self.outputs)
         wide = args.size >= WIDE
         key = (tuple((n, n in args.tensors, args.types[n]) for n in self.inputs), given, wide)
         spec = self._specs.get(key)
@@ -188,9 +186,7 @@ def _check_outputs(what: str, outputs: dict[str, Tensor], args: CallArgs) -> Non
             )
 
 
-def host_scalars(
-    launch: HostLaunch, scalars: tuple[tuple[str, Ty], ...]
-) -> dict[str, Any]:
+def host_scalars(launch: HostLaunch, scalars: tuple[tuple[str, Ty], ...]) -> dict[str, Any]:
     """Each scalar argument's value from a host launch, typed as at the call (a weak
     Python int/float again, a bool, or a numpy scalar)."""
     index: dict[Any, int] = {}

@@ -109,7 +109,9 @@ class _Reader:
             raise self.fail(node, "only assignments 'name = expression' may appear")
         if isinstance(node, ast.AugAssign):  # y += x  ->  y = y + x
             target = self.target(node.target)
-            value: Node = Call(self.binary_op(node, node.op), (self.name(target), self.node(node.value)))
+            value: Node = Call(
+                self.binary_op(node, node.op), (self.name(target), self.node(node.value))
+            )
         else:
             if len(node.targets) != 1:
                 raise self.fail(node, "assign one name per statement")
@@ -138,18 +140,18 @@ class _Reader:
         return Arg(name)
 
     def node(self, node: ast.expr) -> Node:
-        method = getattr(self, f"n_{type(node).__name__}", None)
+        method = getattr(self, f"n_{type(node).__name__.lower()}", None)
         if method is None:
             raise self.fail(node, f"{type(node).__name__} expressions are not supported")
         result: Node = method(node)
         return result
 
-    def n_Name(self, node: ast.Name) -> Node:
+    def n_name(self, node: ast.Name) -> Node:
         if node.id in ("True", "False"):
             return Const(node.id == "True")
         return self.name(self.checked_name(node, node.id))
 
-    def n_Constant(self, node: ast.Constant) -> Node:
+    def n_constant(self, node: ast.Constant) -> Node:
         if isinstance(node.value, bool | int | float):
             return Const(node.value)
         raise self.fail(node, f"a {type(node.value).__name__} literal is not a number")
@@ -160,17 +162,17 @@ class _Reader:
             raise self.fail(node, f"the operator {type(op).__name__} is not supported")
         return key
 
-    def n_BinOp(self, node: ast.BinOp) -> Node:
+    def n_binop(self, node: ast.BinOp) -> Node:
         key = self.binary_op(node, node.op)
         return Call(key, (self.node(node.left), self.node(node.right)))
 
-    def n_UnaryOp(self, node: ast.UnaryOp) -> Node:
+    def n_unaryop(self, node: ast.UnaryOp) -> Node:
         key = UNARY.get(type(node.op).__name__)
         if key is None:  # pragma: no cover - every unary operator has a key
             raise self.fail(node, f"the operator {type(node.op).__name__} is not supported")
         return Call(key, (self.node(node.operand),))
 
-    def n_BoolOp(self, node: ast.BoolOp) -> Node:
+    def n_boolop(self, node: ast.BoolOp) -> Node:
         key = BOOL_OPS[type(node.op).__name__]
         values = [self.node(v) for v in node.values]
         out = values[0]
@@ -178,7 +180,7 @@ class _Reader:
             out = Call(key, (out, value))
         return out
 
-    def n_Compare(self, node: ast.Compare) -> Node:
+    def n_compare(self, node: ast.Compare) -> Node:
         left = self.node(node.left)
         parts: list[Node] = []
         for op, right_node in zip(node.ops, node.comparators, strict=True):
@@ -193,10 +195,10 @@ class _Reader:
             out = Call("logical_and", (out, part))
         return out
 
-    def n_IfExp(self, node: ast.IfExp) -> Node:
+    def n_ifexp(self, node: ast.IfExp) -> Node:
         return Call("where", (self.node(node.test), self.node(node.body), self.node(node.orelse)))
 
-    def n_Call(self, node: ast.Call) -> Node:
+    def n_call(self, node: ast.Call) -> Node:
         if not isinstance(node.func, ast.Name):
             raise self.fail(node, "call a function by its plain name, e.g. exp(x)")
         spec = FUNCTIONS.get(node.func.id)

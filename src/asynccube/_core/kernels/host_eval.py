@@ -51,7 +51,9 @@ def _fold_one(typed: Typed, scalars: Mapping[str, Any], done: dict[int, Any]) ->
         return vals[0]  # fold() casts it
     if node.op == "where":
         return vals[1] if vals[0] else vals[2]
-    cast = [np.asarray(v).astype(dt, casting="unsafe") for v, dt in zip(vals, typed.loop, strict=True)]
+    cast = [
+        np.asarray(v).astype(dt, casting="unsafe") for v, dt in zip(vals, typed.loop, strict=True)
+    ]
     return ufunc(node.op)(*cast, signature=(*typed.loop, typed.dtype), casting="unsafe")[()]
 
 
@@ -71,10 +73,11 @@ class ChunkEval:
 
     def scratch(self, typed: Typed, dtype: np.dtype[Any] | None = None) -> Array:
         key = id(typed) if dtype is None else -id(typed)
+        size = self.hi - self.lo
         buf = self._scratch.get(key)
-        if buf is None:
-            buf = self._scratch[key] = np.empty(CHUNK, dtype or typed.dtype)
-        return buf[: self.hi - self.lo]
+        if buf is None or buf.size < size:
+            buf = self._scratch[key] = np.empty(max(CHUNK, size), dtype or typed.dtype)
+        return buf[:size]
 
     def into(self, typed: Typed, dest: Array) -> None:
         """Evaluate ``typed`` over the chunk into ``dest`` (cast as numpy casts)."""

@@ -115,8 +115,7 @@ def _ufunc(node: Call, args: tuple[Typed, ...], ctx: TypeContext) -> Typed:
     except (TypeError, ValueError) as error:
         types = ", ".join(ty_name(a.ty) for a in args)
         raise ctx.fail(
-            f"numpy defines no {node.op} for ({types}): {error}; cast an operand, "
-            "e.g. float32(x)"
+            f"numpy defines no {node.op} for ({types}): {error}; cast an operand, e.g. float32(x)"
         ) from None
     loop, out = tuple(resolved[: fn.nin]), resolved[fn.nin]
     ty: Ty = out
@@ -137,7 +136,7 @@ def _note_ints(args: tuple[Typed, ...], loop: tuple[np.dtype[Any], ...], ctx: Ty
     """A weak int meeting a narrower integer dtype must fit it (numpy refuses it
     otherwise): a literal is checked now, an argument at each call."""
     for arg, dt in zip(args, loop, strict=True):
-        if arg.ty is not int or dt.kind not in "iu" or dt.itemsize == 8 and dt.kind == "i":
+        if arg.ty is not int or dt.kind not in "iu" or (dt.itemsize == 8 and dt.kind == "i"):
             continue
         node = arg.node
         if isinstance(node, Const):
