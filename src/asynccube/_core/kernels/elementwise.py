@@ -113,7 +113,6 @@ class ElementwiseKernel:
             name: args.tensors.get(name) or client.empty_array(args.shape, dt)
             for name, dt in zip(self.outputs, spec.out_dtypes, strict=True)
         }
-        _check_outputs(what, outputs, args)
         bindings = Bindings().with_buffers(
             [args.tensors[a].binding() for a in spec.arrays]
             + [t.binding() for t in outputs.values()]
@@ -176,14 +175,6 @@ def _type_statements(
         dtypes.append(out)
         types[target] = out  # a later statement reads the output, in its dtype
     return statements, tuple(dtypes)
-
-
-def _check_outputs(what: str, outputs: dict[str, Tensor], args: CallArgs) -> None:
-    for name, tensor in outputs.items():
-        if tensor.shape != args.shape:
-            raise InvalidArgument(
-                f"{what}: output {name!r} has shape {tensor.shape}, the arguments {args.shape}"
-            )
 
 
 def host_scalars(launch: HostLaunch, scalars: tuple[tuple[str, Ty], ...]) -> dict[str, Any]:
