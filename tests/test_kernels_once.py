@@ -71,7 +71,7 @@ EXPRESSIONS = [
     ("y = x if x > 0 else -x", lambda x: np.where(x > 0, x, -x)),
     ("y = int32(x) * 2 + float32(x)", lambda x: x.astype(np.int32) * 2 + x.astype(np.float32)),
     ("y = (x > -1) and not (x > 1)", lambda x: np.logical_and(x > -1, ~(x > 1))),
-    ("y = -1 < x < 1", lambda x: (-1 < x) & (x < 1)),
+    ("y = -1 < x < 1", lambda x: (x > -1) & (x < 1)),
     (
         "y = minimum(x, 0.5) + sign(x) + square(x)",
         lambda x: np.minimum(x, 0.5) + np.sign(x) + x * x,
@@ -101,6 +101,8 @@ async def test_python_scalars_are_weak_numpy_scalars_strong(host_client: ac.Comp
     xi = host_client.create_array(np.ones(5, np.int16))
     assert AXPB(host_client, x=xi, a=2, b=1).dtype == np.int16
     assert AXPB(host_client, x=xi, a=2.0, b=1).dtype == np.float64
+    masked = ac.elementwise("y = where(m, x, 0.0)")(host_client, x=x, m=True)
+    _same(await host_client.read_array(masked), np.ones(5, np.float32))
 
 
 async def test_in_place_and_later_statements_read_outputs(host_client: ac.ComputeClient) -> None:

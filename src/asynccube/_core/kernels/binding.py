@@ -129,7 +129,9 @@ def scalar_bindings(
     """``bindings`` with the scalars (already in ABI order) added, group by group."""
     groups: dict[np.dtype[Any], list[Any]] = {}
     for name, ty in ordered:
-        groups.setdefault(param_dtype(ty), []).append(scalars[name])
+        value = scalars[name]
+        value = int(value) if isinstance(value, bool | np.bool_) else value
+        groups.setdefault(param_dtype(ty), []).append(value)
     for dt, values in groups.items():
         bindings = bindings.with_scalar(dt, values)
     return bindings
