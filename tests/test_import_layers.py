@@ -33,6 +33,7 @@ LAYERS: list[list[str]] = [
     ["host"],  # the host (numpy) server
     ["cuda"],  # the CUDA server; cuda.native: the hot path, C beside its twin
     ["client"],  # ComputeClient and its parts, tensors, graphs, transfers, interop
+    ["kernels"],  # kernels written once: elementwise and reduction, CUDA and numpy
     ["tune"],  # the autotuner
     ["runtime"],  # devices, making servers, opening clients
     ["cli"],  # the demo

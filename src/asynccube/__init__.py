@@ -34,6 +34,7 @@ from ._core.errors import (
     InvalidArgument,
     InvalidHandle,
     IoError,
+    KernelDefinitionError,
     KernelNotSupported,
     LoopMismatchError,
     OutOfMemory,
@@ -46,6 +47,14 @@ from ._core.errors import (
     UnsupportedStrides,
 )
 from ._core.host.server import HostServer
+from ._core.kernels import (
+    ElementwiseKernel,
+    KernelCall,
+    KernelLaunch,
+    ReductionKernel,
+    elementwise,
+    reduction,
+)
 from ._core.memory import MemoryReport, PoolReport
 from ._core.profiling.records import KernelRecord, ProfileStats, ProfileSummary
 from ._core.profiling.timeline import Timeline
@@ -131,6 +140,7 @@ __all__ = [
     "DeviceError",
     "DLPackError",
     "DeviceProperties",
+    "ElementwiseKernel",
     "ExecutionError",
     "ExecutionMode",
     "Graph",
@@ -144,6 +154,9 @@ __all__ = [
     "InvalidHandle",
     "IoError",
     "Kernel",
+    "KernelCall",
+    "KernelDefinitionError",
+    "KernelLaunch",
     "KernelNotSupported",
     "KernelRecord",
     "LoopMismatchError",
@@ -159,6 +172,7 @@ __all__ = [
     "ProfileStats",
     "ProfileSummary",
     "ProfilingToken",
+    "ReductionKernel",
     "ScalarBinding",
     "ScalarTypeError",
     "StreamId",
@@ -188,5 +202,7 @@ __all__ = [
     "__version__",
     "anchor",
     "connect",
+    "elementwise",
     "open_client",
+    "reduction",
 ]

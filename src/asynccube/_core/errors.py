@@ -25,6 +25,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidHandle",
     "IoError",
+    "KernelDefinitionError",
     "KernelNotSupported",
     "LoopMismatchError",
     "OutOfMemory",
@@ -105,6 +106,14 @@ class InvalidArgument(AsyncCubeError, ValueError):
 
 class ScalarTypeError(InvalidArgument):
     """A scalar binding has a dtype that does not match or is not supported."""
+
+
+class KernelDefinitionError(InvalidArgument):
+    """A kernel written once (``elementwise``/``reduction``) cannot be made: its
+    expression does not parse, names an unknown function or operator, or has no numpy
+    type promotion for the dtypes bound at the call. The message names the part of the
+    expression and the dtypes; raised at the definition or at the call, never as a
+    compiler's error."""
 
 
 class KernelNotSupported(AsyncCubeError):

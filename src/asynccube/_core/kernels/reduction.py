@@ -1,0 +1,241 @@
+"""``ac.reduction``: sum, product, min or max of an expression, over a whole tensor or
+one axis of a 2-D tensor, for every server."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from ..client.client import ComputeClient
+from ..client.tensor import Tensor
+from ..errors import InvalidArgument, KernelDefinitionError
+from ..values.bindings import Bindings, CubeCount, MetadataBinding
+from ..values.kernel import CudaSource, Kernel
+from .binding import (
+    CallArgs,
+    KernelLaunch,
+    check_scalar_ranges,
+    count_metadata,
+    read_args,
+    scalar_bindings,
+)
+from .cuda_gen import BLOCK, KernelParts, abi_scalars
+from .cuda_reduce import axis_source, finish_source, partial_source
+from .dtypes import Ty, c_storage, strong
+from .elementwise import WIDE, KernelCall, grid_blocks
+from .expr import parse_expression
+from .reduce_host import axis_host, finish_host, partial_host
+from .typing import TypeContext, Typed, type_node
+
+__all__ = ["ReductionKernel", "reduction"]
+
+OPS: Final = {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum"}
+MAX_PARTIALS: Final = 1024
+_RESERVED: Final = frozenset({"axis", "out"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    kernels: tuple[Kernel, ...]
+    arrays: tuple[str, ...]
+    scalars: tuple[tuple[str, Ty], ...]
+    ctx: TypeContext
+    acc: np.dtype[Any]
+    out: np.dtype[Any]
+
+
+class ReductionKernel:
+    """A reduction of a mapped expression, for every server (made by :func:`reduction`).
+
+    ``kernel(client, axis=None, out=None, **arguments)`` queues it on the calling task's
+    stream and returns the result tensor: shape ``()`` over the whole tensor, or the
+    other axis's length for ``axis=0``/``1`` of a 2-D tensor. :meth:`bind` gives the
+    launches for ``client.execute`` instead.
+
+    Attributes:
+        op: ``"sum"``, ``"prod"``, ``"min"`` or ``"max"``.
+        map: The expression reduced (``"x"`` by default).
+        inputs: The arguments it reads, in order of first use.
+        name: The name in the kernels' ids.
+    """
+
+    def __init__(self, op: str, map: str = "x", *, name: str = "reduction") -> None:
+        if op not in OPS:
+            raise KernelDefinitionError(f"reduction op must be one of {list(OPS)}, got {op!r}")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise KernelDefinitionError(f"name= must be an identifier, got {name!r}")
+        self.op, self.map, self.name = op, map, name
+        self.node, self.inputs = parse_expression(map)
+        if _RESERVED & set(self.inputs):
+            raise KernelDefinitionError(f"in {map!r}: 'axis' and 'out' name the call's options")
+        self._specs: dict[tuple[Any, ...], _Spec] = {}
+
+    def __repr__(self) -> str:
+        return f"ReductionKernel({self.op!r}, {self.map!r}, name={self.name!r})"
+
+    def __call__(
+        self,
+        client: ComputeClient,
+        /,
+        axis: int | None = None,
+        out: Tensor | None = None,
+        **arguments: Any,
+    ) -> Tensor:
+        """Queue the reduction over ``arguments`` and return its result tensor."""
+        call = self.bind(client, axis=axis, out=out, **arguments)
+        for launch in call.launches:
+            client.execute(*launch)
+        result: Tensor = call.result
+        return result
+
+    def bind(
+        self,
+        client: ComputeClient,
+        /,
+        axis: int | None = None,
+        out: Tensor | None = None,
+        **arguments: Any,
+    ) -> KernelCall:
+        """The launches for ``arguments`` (``out`` allocated if not given; a whole-tensor
+        reduction also allocates its partials)."""
+        what = f"{self.name} ({self.op} of {self.map!r})"
+        args = read_args(what, client, self.inputs, (), arguments)
+        if args.shape is None:
+            raise InvalidArgument(f"{what}: give at least one Tensor (an array argument)")
+        axis, out_shape = _axis(what, axis, args.shape)
+        spec = self._spec(args, axis, out)
+        check_scalar_ranges(spec.ctx, args.scalars)
+        if args.size == 0 and self.op in ("min", "max") and out_shape != (0,):
+            raise InvalidArgument(
+                f"{what}: {self.op} of an empty tensor has no value (no identity)"
+            )
+        result = out if out is not None else client.empty_array(out_shape, spec.out)
+        _check_out(what, result, out_shape, client)
+        base = Bindings().with_buffers([args.tensors[a].binding() for a in spec.arrays])
+        base = scalar_bindings(base, spec.scalars, args.scalars)
+        if axis is None:
+            launches = self._whole(client, spec, args, base, result)
+        else:
+            rows, cols = args.shape
+            base.buffers.append(result.binding())
+            base.with_metadata(count_metadata(rows, cols))
+            blocks = min(rows, 65535) if axis == 1 else grid_blocks(cols)
+            launches = (KernelLaunch(spec.kernels[0], CubeCount(max(1, blocks)), base),)
+        return KernelCall(launches, {"out": result})
+
+    def _whole(
+        self, client: ComputeClient, spec: _Spec, args: CallArgs, base: Bindings, result: Tensor
+    ) -> tuple[KernelLaunch, ...]:
+        groups = max(1, min(MAX_PARTIALS, -(-args.size // (BLOCK * 8))))
+        partials = client.empty(groups * spec.acc.itemsize)
+        base.buffers.append(partials.binding())
+        base.with_metadata(count_metadata(args.size))
+        finish = Bindings().with_buffers([partials.binding(), result.binding()])
+        finish.with_metadata(MetadataBinding(np.array([groups], np.uint32)))
+        return (
+            KernelLaunch(spec.kernels[0], CubeCount(groups), base),
+            KernelLaunch(spec.kernels[1], CubeCount(1), finish),
+        )
+
+    def _spec(self, args: CallArgs, axis: int | None, out: Tensor | None) -> _Spec:
+        wide = args.size >= WIDE
+        types = tuple((n, n in args.tensors, args.types[n]) for n in self.inputs)
+        key = (types, axis, None if out is None else out.dtype, wide)
+        spec = self._specs.get(key)
+        if spec is None:
+            spec = self._specs[key] = self._make_spec(args, axis, out, wide)
+        return spec
+
+    def _make_spec(self, args: CallArgs, axis: int | None, out: Tensor | None, wide: bool) -> _Spec:
+        arrays = tuple(n for n in self.inputs if n in args.tensors)
+        ctx = TypeContext(self.map, dict(args.types), frozenset(args.tensors))
+        mapped = type_node(self.node, ctx)
+        op = OPS[self.op]
+        result = _result_dtype(op, mapped.dtype)
+        acc = np.dtype(np.float32) if result == np.float16 else result
+        out_dt = out.dtype if out is not None else result
+        scalars = tuple(abi_scalars([(n, args.types[n]) for n in self.inputs if n not in arrays]))
+        in_dtypes = tuple((n, strong(args.types[n])) for n in arrays)
+        kernels = self._kernels(op, mapped, in_dtypes, scalars, acc, out_dt, axis, wide)
+        return _Spec(kernels, arrays, scalars, ctx, acc, out_dt)
+
+    def _kernels(
+        self,
+        op: str,
+        mapped: Typed,
+        arrays: tuple[tuple[str, np.dtype[Any]], ...],
+        scalars: tuple[tuple[str, Ty], ...],
+        acc: np.dtype[Any],
+        out: np.dtype[Any],
+        axis: int | None,
+        wide: bool,
+    ) -> tuple[Kernel, ...]:
+        host_args = (mapped, arrays, scalars, op, acc)
+        if axis is not None:
+            parts = KernelParts(arrays, (f"{c_storage(out)}* r0",), scalars, 4)
+            source = axis_source(parts, mapped, op, acc, out, axis, wide)
+            host = axis_host(*host_args, out, axis)
+            return (self._kernel("ac_reduce_axis", source, host),)
+        parts = KernelParts(arrays, (f"{c_storage(acc)}* r0",), scalars, 2)
+        first = self._kernel(
+            "ac_reduce_partial",
+            partial_source(parts, mapped, op, acc, wide),
+            partial_host(*host_args),
+        )
+        second = self._kernel(
+            "ac_reduce_finish", finish_source(op, acc, out), finish_host(op, acc, out)
+        )
+        return first, second
+
+    def _kernel(self, entry: str, source: str, host: Any) -> Kernel:
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        return Kernel(
+            f"{self.name}_{digest}", cuda=CudaSource(source, entry, block=(BLOCK, 1, 1)), host=host
+        )
+
+
+def _result_dtype(op: str, dt: np.dtype[Any]) -> np.dtype[Any]:
+    """numpy's: a sum or product of a narrower integer is int64 (uint64 if unsigned)."""
+    if op in ("add", "multiply"):
+        out: np.dtype[Any] = getattr(np, op).reduce(np.zeros(1, dt)).dtype
+        return out
+    return dt
+
+
+def _axis(
+    what: str, axis: int | None, shape: tuple[int, ...]
+) -> tuple[int | None, tuple[int, ...]]:
+    if axis is None:
+        return None, ()
+    if len(shape) != 2 or not isinstance(axis, int) or axis not in (0, 1, -1, -2):
+        raise InvalidArgument(
+            f"{what}: axis={axis!r} needs a 2-D tensor and 0, 1, -1 or -2 (got shape {shape}); "
+            "axis=None reduces the whole tensor"
+        )
+    axis %= 2
+    return axis, (shape[1 - axis],)
+
+
+def _check_out(what: str, out: Tensor, shape: tuple[int, ...], client: ComputeClient) -> None:
+    if not isinstance(out, Tensor) or out.shape != shape:
+        got = out.shape if isinstance(out, Tensor) else type(out).__name__
+        raise InvalidArgument(f"{what}: out must be a Tensor of shape {shape}, got {got}")
+    read_args(what, client, (), ("out",), {"out": out})  # same client, dtype, layout
+
+
+def reduction(op: str, map: str = "x", *, name: str = "reduction") -> ReductionKernel:
+    """A reduction kernel for the CUDA and the host server: ``op`` (``"sum"``,
+    ``"prod"``, ``"min"`` or ``"max"``) of ``map``, an expression over named arguments
+    as in :func:`elementwise` (``"x"``: the tensor itself; ``"x * y"``: a dot product).
+
+    The result's dtype is numpy's (``sum`` of an int32 tensor is int64; a float16 sum
+    accumulates in float32). Called with ``axis=None`` it reduces every element;
+    ``axis=0`` or ``1`` reduces one axis of a 2-D tensor.
+
+    Raises:
+        KernelDefinitionError: An unknown op, or a map expression that does not parse.
+    """
+    return ReductionKernel(op, map, name=name)
