@@ -31,6 +31,7 @@ from ..values.types import (
     ProfileDuration,
     ProfilingToken,
 )
+from .foreign import ForeignWork
 
 __all__ = [
     "BindingResource",
@@ -214,6 +215,22 @@ class ComputeServer(Protocol):
 
     def allocation_mode(self, mode: MemoryAllocationMode, stream: StreamId) -> None:
         """Switch which pools new allocations come from."""
+        ...
+
+    def check_foreign(self, work: ForeignWork) -> None:
+        """Raise ForeignStreamError unless this server can wait on ``work`` (another
+        library's stream or event: of this device and context, known to the driver).
+        Called by the client at the call (pure, on the loop thread; no server state)."""
+        ...
+
+    def foreign_wait(self, work: ForeignWork, stream: StreamId) -> Completion[None]:
+        """Completes once the work queued so far on ``work`` is done (``client.wait``);
+        asynccube's own streams are not involved."""
+        ...
+
+    def foreign_after(self, work: ForeignWork, stream: StreamId) -> None:
+        """Make ``stream`` wait, on the device, for the work queued so far on ``work``
+        (``client.after``): what the task queues next runs after it."""
         ...
 
     def close(self) -> Completion[None]:

@@ -1,0 +1,159 @@
+"""``client.wait(obj)`` and ``client.after(obj)``: another library's GPU work, awaited
+without blocking the loop, or ordered before the calling task's stream on the device.
+
+``obj`` is turned into a :class:`~..server.foreign.ForeignWork` here (:func:`describe`),
+without importing any library: by the cuda.core protocol (``__cuda_stream__``, which
+torch, CuPy and ``cuda.bindings``' ``CUstream`` implement in their recent versions), by
+the attributes torch and CuPy have long exposed (``cuda_stream``/``cuda_event``,
+``ptr``), by ``cuda.bindings``' handle types, or as a raw stream handle (an ``int``).
+The server checks it at the call (``check_foreign``: another device, a destroyed stream;
+the host server refuses every one), so bad input raises
+:class:`~asynccube.ForeignStreamError` before anything is queued. Then:
+
+* ``wait`` is an awaited command, like ``sync``: its future settles through the channel's
+  completion watcher once the work is done (and raises the errors held for the calling
+  task's stream first, as every awaited call does). Cancelling the awaiting task leaves
+  the completion to finish in the background, as a read's does, and frees it then.
+* ``after`` is fire-and-forget, ordered like an ``execute`` of the calling task; an error
+  the driver reports when it runs is held for the task's stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import ForeignStreamError
+from ..server.foreign import ForeignWork
+
+if TYPE_CHECKING:
+    from .client import ComputeClient
+
+__all__ = ["after", "describe", "wait"]
+
+_ACCEPTED = (
+    "a CUDA stream or event: an object with __cuda_stream__ (cuda.core's protocol), a "
+    "torch.cuda.Stream or torch.cuda.Event, a cupy.cuda.Stream or cupy.cuda.Event, a "
+    "cuda.bindings CUstream or CUevent, or a raw stream handle (an int)"
+)
+_HANDLE_TYPES = {
+    "CUstream": "stream",
+    "cudaStream_t": "stream",
+    "CUevent": "event",
+    "cudaEvent_t": "event",
+}
+
+
+def wait(client: ComputeClient, obj: Any) -> asyncio.Future[None]:
+    """``client.wait(obj)`` (see the module docstring)."""
+    client._channel.check()  # a graph capture's guard names "wait" and refuses it
+    work = describe(obj, "wait")
+    server = client._server
+    server.check_foreign(work)
+    return client._dispatch.request(server.foreign_wait, work)
+
+
+def after(client: ComputeClient, obj: Any) -> None:
+    """``client.after(obj)`` (see the module docstring)."""
+    client._channel.check()
+    work = describe(obj, "after")
+    server = client._server
+    server.check_foreign(work)
+    client._dispatch.fire(server.foreign_after, work)
+
+
+def describe(obj: Any, call: str) -> ForeignWork:
+    """What ``obj`` stands for: a stream or an event, and its raw handle; or
+    ForeignStreamError naming it (``call``: the client method, for the message)."""
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return _work("stream", _handle(obj, call, repr(obj)), f"stream handle {obj:#x}", call, obj)
+    cls = type(obj)
+    module = cls.__module__ or ""
+    root = module.partition(".")[0]
+    name = f"{module}.{cls.__qualname__}"
+    if root == "torch" and hasattr(obj, "cuda_event"):
+        return _torch(obj, "event", obj.cuda_event, name, call)
+    if hasattr(obj, "__cuda_stream__"):
+        return _protocol(obj, name, call)
+    if root == "torch" and hasattr(obj, "cuda_stream"):
+        return _torch(obj, "stream", obj.cuda_stream, name, call)
+    if root == "cupy" and hasattr(obj, "ptr"):
+        kind: Literal["stream", "event"] = "event" if "Event" in cls.__name__ else "stream"
+        device = getattr(obj, "device_id", None)
+        known = device if isinstance(device, int) and device >= 0 else None
+        return _labelled(kind, obj.ptr, name, call, obj, known)
+    if root == "cuda" and cls.__name__ in _HANDLE_TYPES:
+        kind = "event" if _HANDLE_TYPES[cls.__name__] == "event" else "stream"
+        return _labelled(kind, int(obj), name, call, obj, None)
+    raise ForeignStreamError(f"client.{call}() takes {_ACCEPTED}; got {name}: {obj!r:.80}")
+
+
+def _protocol(obj: Any, name: str, call: str) -> ForeignWork:
+    """The cuda.core protocol: ``__cuda_stream__()`` returns ``(0, handle)``."""
+    attr = obj.__cuda_stream__
+    try:
+        value = attr() if callable(attr) else attr
+    except Exception as exc:
+        raise ForeignStreamError(
+            f"client.{call}({name}): its __cuda_stream__() raised {exc!r}"
+        ) from exc
+    ok = isinstance(value, tuple) and len(value) == 2
+    if not ok or value[0] != 0 or not isinstance(value[1], int) or isinstance(value[1], bool):
+        raise ForeignStreamError(
+            f"client.{call}({name}): __cuda_stream__() must return (0, handle) with an int "
+            f"handle (version 0 of cuda.core's protocol); it returned {value!r:.80}"
+        )
+    return _labelled("stream", value[1], name, call, obj, _torch_device(obj, name, call))
+
+
+def _torch(
+    obj: Any, kind: Literal["stream", "event"], raw: Any, name: str, call: str
+) -> ForeignWork:
+    return _labelled(kind, raw, name, call, obj, _torch_device(obj, name, call))
+
+
+def _torch_device(obj: Any, name: str, call: str) -> int | None:
+    """The CUDA device a torch stream or event declares (None: none declared yet, as an
+    event never recorded; or not a torch object)."""
+    if not name.startswith("torch."):
+        return None
+    device = getattr(obj, "device", None)
+    if device is None:
+        return None
+    kind = getattr(device, "type", "cuda")
+    if kind != "cuda":
+        raise ForeignStreamError(f"client.{call}({name}): it is a {kind} stream, not a CUDA one")
+    index = getattr(device, "index", None)
+    return index if isinstance(index, int) else None
+
+
+def _labelled(
+    kind: Literal["stream", "event"],
+    raw: Any,
+    name: str,
+    call: str,
+    obj: Any,
+    device: int | None,
+) -> ForeignWork:
+    handle = _handle(raw, call, name)
+    return _work(kind, handle, f"{name} {handle:#x}", call, obj, device)
+
+
+def _work(
+    kind: Literal["stream", "event"],
+    handle: int,
+    label: str,
+    call: str,
+    obj: Any,
+    device: int | None = None,
+) -> ForeignWork:
+    return ForeignWork(kind, handle, label, call, device, obj)
+
+
+def _handle(raw: Any, call: str, name: str) -> int:
+    """``raw`` as a driver handle: an int in [0, 2**64)."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < 1 << 64:
+        return raw
+    raise ForeignStreamError(
+        f"client.{call}({name}): a CUDA handle is an int in [0, 2**64), got {raw!r:.80}"
+    )
