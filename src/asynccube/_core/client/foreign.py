@@ -21,10 +21,10 @@ the host server refuses every one), so bad input raises
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ForeignStreamError
-from ..server.foreign import ForeignWork
+from ..server.foreign import ForeignWork, Kind
 
 if TYPE_CHECKING:
     from .client import ComputeClient
@@ -65,27 +65,48 @@ def after(client: ComputeClient, obj: Any) -> None:
 def describe(obj: Any, call: str) -> ForeignWork:
     """What ``obj`` stands for: a stream or an event, and its raw handle; or
     ForeignStreamError naming it (``call``: the client method, for the message)."""
-    if isinstance(obj, int) and not isinstance(obj, bool):
-        return _work("stream", _handle(obj, call, repr(obj)), f"stream handle {obj:#x}", call, obj)
     cls = type(obj)
-    module = cls.__module__ or ""
-    root = module.partition(".")[0]
-    name = f"{module}.{cls.__qualname__}"
-    if root == "torch" and hasattr(obj, "cuda_event"):
-        return _torch(obj, "event", obj.cuda_event, name, call)
+    if cls is int:
+        return ForeignWork(
+            "stream", _handle(obj, call, repr(obj)), "stream handle", call, None, obj
+        )
+    origin = _ORIGINS.get(cls)
+    if origin is None:
+        origin = _ORIGINS[cls] = _origin(cls)
+    root, name = origin
+    if root == "torch":
+        if hasattr(obj, "cuda_event"):
+            return _labelled(
+                "event", obj.cuda_event, name, call, obj, _torch_device(obj, name, call)
+            )
+        if hasattr(obj, "cuda_stream"):
+            return _labelled(
+                "stream", obj.cuda_stream, name, call, obj, _torch_device(obj, name, call)
+            )
     if hasattr(obj, "__cuda_stream__"):
         return _protocol(obj, name, call)
-    if root == "torch" and hasattr(obj, "cuda_stream"):
-        return _torch(obj, "stream", obj.cuda_stream, name, call)
     if root == "cupy" and hasattr(obj, "ptr"):
-        kind: Literal["stream", "event"] = "event" if "Event" in cls.__name__ else "stream"
+        kind: Kind = "event" if "Event" in cls.__name__ else "stream"
         device = getattr(obj, "device_id", None)
         known = device if isinstance(device, int) and device >= 0 else None
         return _labelled(kind, obj.ptr, name, call, obj, known)
     if root == "cuda" and cls.__name__ in _HANDLE_TYPES:
         kind = "event" if _HANDLE_TYPES[cls.__name__] == "event" else "stream"
         return _labelled(kind, int(obj), name, call, obj, None)
+    if isinstance(obj, int) and not isinstance(obj, bool):  # an int subclass
+        return ForeignWork(
+            "stream", _handle(obj, call, repr(obj)), "stream handle", call, None, obj
+        )
     raise ForeignStreamError(f"client.{call}() takes {_ACCEPTED}; got {name}: {obj!r:.80}")
+
+
+_ORIGINS: dict[type, tuple[str, str]] = {}
+"""Type -> (its top-level package, its qualified name): a cache for ``describe``."""
+
+
+def _origin(cls: type) -> tuple[str, str]:
+    module = cls.__module__ or ""
+    return module.partition(".")[0], f"{module}.{cls.__qualname__}"
 
 
 def _protocol(obj: Any, name: str, call: str) -> ForeignWork:
@@ -106,9 +127,11 @@ def _protocol(obj: Any, name: str, call: str) -> ForeignWork:
     return _labelled("stream", value[1], name, call, obj, _torch_device(obj, name, call))
 
 
-def _torch(
-    obj: Any, kind: Literal["stream", "event"], raw: Any, name: str, call: str
-) -> ForeignWork:
+def _raw(obj: int, call: str) -> ForeignWork:
+    return ForeignWork("stream", _handle(obj, call, repr(obj)), "stream handle", call, None, obj)
+
+
+def _torch(obj: Any, kind: Kind, raw: Any, name: str, call: str) -> ForeignWork:
     return _labelled(kind, raw, name, call, obj, _torch_device(obj, name, call))
 
 
@@ -128,26 +151,9 @@ def _torch_device(obj: Any, name: str, call: str) -> int | None:
 
 
 def _labelled(
-    kind: Literal["stream", "event"],
-    raw: Any,
-    name: str,
-    call: str,
-    obj: Any,
-    device: int | None,
+    kind: Kind, raw: Any, name: str, call: str, obj: Any, device: int | None
 ) -> ForeignWork:
-    handle = _handle(raw, call, name)
-    return _work(kind, handle, f"{name} {handle:#x}", call, obj, device)
-
-
-def _work(
-    kind: Literal["stream", "event"],
-    handle: int,
-    label: str,
-    call: str,
-    obj: Any,
-    device: int | None = None,
-) -> ForeignWork:
-    return ForeignWork(kind, handle, label, call, device, obj)
+    return ForeignWork(kind, _handle(raw, call, name), name, call, device, obj)
 
 
 def _handle(raw: Any, call: str, name: str) -> int:

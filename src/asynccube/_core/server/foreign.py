@@ -12,17 +12,18 @@ finalizer; the command may still be queued then). A server gives it three operat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-__all__ = ["DEFAULT_STREAMS", "ForeignWork"]
+__all__ = ["DEFAULT_STREAMS", "ForeignWork", "Kind"]
+
+Kind = Literal["stream", "event"]
+"""What a foreign object stands for."""
 
 DEFAULT_STREAMS: Final = frozenset({0, 1, 2})
 """The NULL stream, ``CU_STREAM_LEGACY`` and ``CU_STREAM_PER_THREAD``: handles that name
 the current context's default stream rather than one object of a given context."""
 
 
-@dataclass(frozen=True, slots=True)
 class ForeignWork:
     """A stream or event of another library, described for a server.
 
@@ -31,18 +32,37 @@ class ForeignWork:
             last record captured).
         handle: The raw ``CUstream``/``CUevent`` (0 for an event: never recorded, so
             there is nothing to wait for; for a stream: the NULL stream).
-        label: How the object is named in messages (``"torch.cuda.Stream 0x5a…"``).
+        name: What the object is, for messages (``"torch.cuda.streams.Stream"``).
         call: The client method it was passed to (``"wait"``, ``"after"``).
         device: The CUDA device index the object declares, where it declares one.
         owner: The object itself, kept alive while a queued command refers to it.
     """
 
-    kind: Literal["stream", "event"]
-    handle: int
-    label: str
-    call: str
-    device: int | None = None
-    owner: Any = field(default=None, repr=False, compare=False)
+    __slots__ = ("call", "device", "handle", "kind", "name", "owner")
+
+    def __init__(
+        self,
+        kind: Kind,
+        handle: int,
+        name: str,
+        call: str,
+        device: int | None = None,
+        owner: Any = None,
+    ) -> None:
+        self.kind = kind
+        self.handle = handle
+        self.name = name
+        self.call = call
+        self.device = device
+        self.owner = owner
+
+    def __repr__(self) -> str:
+        return f"ForeignWork({self.kind}, {self.label}, device={self.device})"
+
+    @property
+    def label(self) -> str:
+        """The object and its handle, as messages name it (``"torch... 0x5a00"``)."""
+        return f"{self.name} {self.handle:#x}"
 
     def where(self) -> str:
         """``client.wait(<label>)``: the call, for the start of a message."""
