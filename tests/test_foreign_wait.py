@@ -106,7 +106,6 @@ class Event:
 def test_describe(obj: Any, kind: str, handle: int, device: int | None) -> None:
     work = describe(obj, "wait")
     assert (work.kind, work.handle, work.device) == (kind, handle, device)
-    assert work.owner is obj  # kept alive while the command is queued
     assert work.where().startswith("client.wait(")
 
 
@@ -189,21 +188,25 @@ class _Slow(HostCompletion[None]):
 
 
 class Accepting(ac.HostServer):
-    """Accepts every foreign object but handle 0xBAD; each wait completes when the test
-    completes it (from a thread, as a driver would), each after is logged in order with
-    the executes."""
+    """Accepts every foreign object but handle 0xBAD, capturing a token for it; each wait
+    completes when the test completes it (from a thread, as a driver would), each after
+    is logged in order with the executes, with the capture it took."""
 
     def __init__(self) -> None:
         super().__init__()
         self.waits: list[_Slow] = []
         self.log: list[tuple[str, Any, ac.StreamId]] = []
         self.fail_after: BaseException | None = None
+        self.dropped: list[object] = []
+        self.taken: list[object] = []
 
-    def check_foreign(self, work: ForeignWork) -> None:
+    def capture_foreign(self, work: ForeignWork) -> None:
         if work.handle == 0xBAD:
             raise ac.ForeignStreamError(f"{work.where()}: refused by the fake")
+        work.captured, work.drop = ("capture", work.handle), self.dropped.append
 
     def foreign_wait(self, work: ForeignWork, stream: ac.StreamId) -> Any:
+        self.taken.append(work.take())
         done = _Slow()
         self.waits.append(done)
         self.log.append(("wait", work, stream))
@@ -211,6 +214,7 @@ class Accepting(ac.HostServer):
 
     def foreign_after(self, work: ForeignWork, stream: ac.StreamId) -> None:
         self.log.append(("after", work, stream))
+        self.taken.append(work.take())
         if self.fail_after is not None:
             raise self.fail_after
 
@@ -241,7 +245,8 @@ async def test_wait_settles_when_the_work_is_done_and_the_loop_runs_meanwhile(
     fut = client.wait(obj)
     (done,) = server.waits
     assert server.log == [("wait", server.log[0][1], ac.StreamId.current())]
-    assert server.log[0][1].owner is obj
+    assert server.taken == [("capture", 0x5A5A)] and not server.dropped  # captured at the call
+    del obj
     ticks = 0
     _complete_later(done, 0.05)
     with anyio.fail_after(5):
@@ -312,3 +317,18 @@ async def test_a_refused_object_queues_nothing(fake: tuple[ac.ComputeClient, Acc
             call(0xBAD)
     assert server.log == [] and not client._channel._pending
     await client.sync()
+
+
+async def test_a_wait_cancelled_before_it_ran_gives_its_capture_back(
+    fake: tuple[ac.ComputeClient, Accepting],
+) -> None:
+    client, server = fake
+    client.flush()  # spends this loop iteration's inline budget (1 µs): the rest queues
+    fut = client.wait(ProtocolStream(0x77))
+    assert not server.log  # queued for the actor, its capture taken already
+    fut.cancel()
+    await client.sync()
+    gc.collect()
+    assert server.log == [] and server.taken == []
+    assert server.dropped == [("capture", 0x77)]  # back to the server, not leaked
+    assert not client._channel._pending

@@ -14,7 +14,8 @@ them; each public method that is not on the hot path is a thin delegate to one):
   commands, thin delegates to their parts;
 * :class:`~.lifecycle.Lifecycle`: the close (and :mod:`.lifecycle`'s exit and warning);
 * :mod:`.arrays` (numpy helpers), :mod:`.graph` (captures), :mod:`.transfer`
-  (``to_client``) and :mod:`.interop` (DLPack): functions over the client.
+  (``to_client``), :mod:`.interop` (DLPack) and :mod:`.foreign` (``wait``/``after``
+  on other libraries' streams): functions over the client.
 
 The hot path (``execute``, ``read``, ``sync``, ``empty``, ``create``) keeps its bodies
 here, one Python call each, with the server's compiled fast routes (``_fast``,

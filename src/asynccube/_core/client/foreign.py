@@ -6,8 +6,10 @@ without importing any library: by the cuda.core protocol (``__cuda_stream__``, w
 torch, CuPy and ``cuda.bindings``' ``CUstream`` implement in their recent versions), by
 the attributes torch and CuPy have long exposed (``cuda_stream``/``cuda_event``,
 ``ptr``), by ``cuda.bindings``' handle types, or as a raw stream handle (an ``int``).
-The server checks it at the call (``check_foreign``: another device, a destroyed stream;
-the host server refuses every one), so bad input raises
+At the call, the server checks it and captures the work queued on it so far
+(``capture_foreign``: an event of its own recorded now, so neither a command waiting
+in the channel's queue nor a re-recorded event moves what is waited for); bad input
+(another device, a destroyed stream; on the host server, every one) raises
 :class:`~asynccube.ForeignStreamError` before anything is queued. Then:
 
 * ``wait`` is an awaited command, like ``sync``: its future settles through the channel's
@@ -49,7 +51,7 @@ def wait(client: ComputeClient, obj: Any) -> asyncio.Future[None]:
     client._channel.check()  # a graph capture's guard names "wait" and refuses it
     work = describe(obj, "wait")
     server = client._server
-    server.check_foreign(work)
+    _capture(client, work)
     return client._dispatch.request(server.foreign_wait, work)
 
 
@@ -58,8 +60,15 @@ def after(client: ComputeClient, obj: Any) -> None:
     client._channel.check()
     work = describe(obj, "after")
     server = client._server
-    server.check_foreign(work)
+    _capture(client, work)
     client._dispatch.fire(server.foreign_after, work)
+
+
+def _capture(client: ComputeClient, work: ForeignWork) -> None:
+    """The server's ``capture_foreign``, now, with its device current (another client's
+    commands may have left another one current on this thread)."""
+    client._channel.activate()
+    client._server.capture_foreign(work)
 
 
 def describe(obj: Any, call: str) -> ForeignWork:
@@ -67,36 +76,28 @@ def describe(obj: Any, call: str) -> ForeignWork:
     ForeignStreamError naming it (``call``: the client method, for the message)."""
     cls = type(obj)
     if cls is int:
-        return ForeignWork(
-            "stream", _handle(obj, call, repr(obj)), "stream handle", call, None, obj
-        )
+        return _raw(obj, call)
     origin = _ORIGINS.get(cls)
     if origin is None:
         origin = _ORIGINS[cls] = _origin(cls)
     root, name = origin
     if root == "torch":
         if hasattr(obj, "cuda_event"):
-            return _labelled(
-                "event", obj.cuda_event, name, call, obj, _torch_device(obj, name, call)
-            )
+            return _torch(obj, "event", obj.cuda_event, name, call)
         if hasattr(obj, "cuda_stream"):
-            return _labelled(
-                "stream", obj.cuda_stream, name, call, obj, _torch_device(obj, name, call)
-            )
+            return _torch(obj, "stream", obj.cuda_stream, name, call)
     if hasattr(obj, "__cuda_stream__"):
         return _protocol(obj, name, call)
     if root == "cupy" and hasattr(obj, "ptr"):
         kind: Kind = "event" if "Event" in cls.__name__ else "stream"
         device = getattr(obj, "device_id", None)
         known = device if isinstance(device, int) and device >= 0 else None
-        return _labelled(kind, obj.ptr, name, call, obj, known)
+        return _labelled(kind, obj.ptr, name, call, known)
     if root == "cuda" and cls.__name__ in _HANDLE_TYPES:
         kind = "event" if _HANDLE_TYPES[cls.__name__] == "event" else "stream"
-        return _labelled(kind, int(obj), name, call, obj, None)
+        return _labelled(kind, int(obj), name, call, None)
     if isinstance(obj, int) and not isinstance(obj, bool):  # an int subclass
-        return ForeignWork(
-            "stream", _handle(obj, call, repr(obj)), "stream handle", call, None, obj
-        )
+        return _raw(obj, call)
     raise ForeignStreamError(f"client.{call}() takes {_ACCEPTED}; got {name}: {obj!r:.80}")
 
 
@@ -124,15 +125,15 @@ def _protocol(obj: Any, name: str, call: str) -> ForeignWork:
             f"client.{call}({name}): __cuda_stream__() must return (0, handle) with an int "
             f"handle (version 0 of cuda.core's protocol); it returned {value!r:.80}"
         )
-    return _labelled("stream", value[1], name, call, obj, _torch_device(obj, name, call))
+    return _labelled("stream", value[1], name, call, _torch_device(obj, name, call))
 
 
 def _raw(obj: int, call: str) -> ForeignWork:
-    return ForeignWork("stream", _handle(obj, call, repr(obj)), "stream handle", call, None, obj)
+    return ForeignWork("stream", _handle(obj, call, repr(obj)), "stream handle", call)
 
 
 def _torch(obj: Any, kind: Kind, raw: Any, name: str, call: str) -> ForeignWork:
-    return _labelled(kind, raw, name, call, obj, _torch_device(obj, name, call))
+    return _labelled(kind, raw, name, call, _torch_device(obj, name, call))
 
 
 def _torch_device(obj: Any, name: str, call: str) -> int | None:
@@ -150,10 +151,8 @@ def _torch_device(obj: Any, name: str, call: str) -> int | None:
     return index if isinstance(index, int) else None
 
 
-def _labelled(
-    kind: Kind, raw: Any, name: str, call: str, obj: Any, device: int | None
-) -> ForeignWork:
-    return ForeignWork(kind, _handle(raw, call, name), name, call, device, obj)
+def _labelled(kind: Kind, raw: Any, name: str, call: str, device: int | None) -> ForeignWork:
+    return ForeignWork(kind, _handle(raw, call, name), name, call, device)
 
 
 def _handle(raw: Any, call: str, name: str) -> int:

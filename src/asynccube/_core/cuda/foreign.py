@@ -1,28 +1,32 @@
 """CUDA side of ``client.wait(obj)`` / ``client.after(obj)``: another library's stream
 or event, waited on without a host round trip and without blocking the loop.
 
-* ``foreign_wait``: an event of the server's pool recorded on the foreign stream
-  becomes an ordinary :class:`~.completion.CudaCompletion`, so it completes through
-  the same path as a read or a sync: polled for a few hundred µs, then the notify
-  stream of the task's own stream waits for it and a C host function closes a pipe
-  the loop watches (no thread, no Python in the driver's thread). An *event* is not
-  queried directly: a later re-record would move what it stands for. A side stream
-  (from a small pool) waits on it, which captures its state now, and the completion's
-  event is recorded there. An event never recorded (handle 0) completes at once.
+* ``capture_foreign`` runs at the call, on the loop thread, before anything is queued.
+  It refuses (:class:`~asynccube.ForeignStreamError`, the client untouched) a stream of
+  another context (``cuStreamGetCtx``), one the driver does not know (destroyed), one
+  capturing a graph, an event the driver does not know, or an object declaring another
+  device. Then it captures the work queued so far: an event of the server's pool
+  recorded on the foreign stream; for a foreign *event*, a fresh side stream waits on it
+  (which captures its state now: a later re-record cannot move it), the pool's event is
+  recorded there, and the side stream is destroyed at once (the driver frees it once
+  its work is done). An event never recorded (handle 0) captures nothing.
+* ``foreign_wait``: the captured event becomes an ordinary
+  :class:`~.completion.CudaCompletion`, so it completes through the same path as a read
+  or a sync: polled for a few hundred µs, then the notify stream of the task's own
+  stream waits for it and a C host function closes a pipe the loop watches (no thread,
+  no Python in the driver's thread).
 * ``foreign_after``: the task's stream waits on the device (``cuStreamWaitEvent``) for
-  an event recorded on the foreign stream (or for the foreign event itself); its cursor
-  moves, so a later ``sync`` covers the wait.
-* ``check_foreign`` runs at the call, before anything is queued: a stream of another
-  context (``cuStreamGetCtx``), one the driver does not know (destroyed), one that is
-  capturing a graph, or an event the driver does not know raises
-  :class:`~asynccube.ForeignStreamError`; the client is untouched.
+  the captured event; its cursor moves, so a later ``sync`` covers the wait.
+
+A capture no command takes (cancelled before the actor ran it) goes back to the pool
+when its :class:`~..server.foreign.ForeignWork` is dropped.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ForeignStreamError
+from ..errors import CudaDriverError, ForeignStreamError
 from ..server.foreign import DEFAULT_STREAMS, ForeignWork
 from ..values.stream_id import StreamId
 from .completion import CudaCompletion
@@ -36,14 +40,25 @@ _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 
 class ForeignOps(ServerCore):
-    """``check_foreign``, ``foreign_wait`` and ``foreign_after`` (see above)."""
+    """``capture_foreign``, ``foreign_wait`` and ``foreign_after`` (see above)."""
 
-    _foreign_sides: list[Any]
-    """Idle side streams for waits on foreign events (made by the backend, so they are
-    destroyed with the server's own streams)."""
+    def capture_foreign(self, work: ForeignWork) -> None:
+        """Check ``work`` and capture the work queued on it so far (see above)."""
+        self._check_foreign(work)
+        if work.kind == "event" and not work.handle:
+            return  # an event never recorded: nothing to wait for
+        try:
+            if work.kind == "stream":
+                event = self._events.record(cu().CUstream(work.handle))
+            else:
+                event = self._record_after_event(work.handle)
+        except CudaDriverError as exc:
+            if exc.sticky:
+                raise
+            raise _unknown(work, exc) from exc
+        work.captured, work.drop = event, self._events.give
 
-    def check_foreign(self, work: ForeignWork) -> None:
-        """ForeignStreamError unless ``work`` is of this device and known to the driver."""
+    def _check_foreign(self, work: ForeignWork) -> None:
         ordinal = self._ctx.ordinal
         if work.device is not None and work.device != ordinal:
             raise ForeignStreamError(
@@ -57,6 +72,16 @@ class ForeignOps(ServerCore):
             err = int(hot.event_query(cu().CUevent(work.handle)))
             if err not in (0, _NOT_READY):
                 raise _unknown(work, error_from(err, "cuEventQuery"))
+
+    def _record_after_event(self, handle: int) -> Any:
+        d = cu()
+        flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        side = check(d.cuStreamCreate(flags), "cuStreamCreate(side)")
+        try:
+            self._wait_on(side, handle)
+            return self._events.record(side)
+        finally:
+            d.cuStreamDestroy(side)  # freed by the driver once its work is done
 
     def _check_stream(self, work: ForeignWork) -> None:
         d = cu()
@@ -79,46 +104,28 @@ class ForeignOps(ServerCore):
             )
 
     def foreign_wait(self, work: ForeignWork, stream: StreamId) -> CudaCompletion[None]:
-        """A completion once the work queued so far on ``work`` is done (see above)."""
+        """A completion once the captured work is done (see above)."""
         own = self._streams.streams.get(stream).stream  # keys the notify stream (bounded)
-        if work.kind == "stream":
-            event = self._events.record(cu().CUstream(work.handle))
-            return self._completion([event], own, None)
-        if not work.handle:  # an event never recorded: nothing to wait for
-            return self._completion([], own, None)
-        side = self._take_side()
-        try:
-            self._wait_on(side, work.handle)
-            event = self._events.record(side)
-        except BaseException:
-            self._foreign_sides.append(side)
-            raise
-        sides = self._foreign_sides
-        return self._completion([event], own, lambda: sides.append(side))
+        event = work.take()
+        return self._completion([] if event is None else [event], own, None)
 
     def foreign_after(self, work: ForeignWork, stream: StreamId) -> None:
-        """Make ``stream``'s CUDA stream wait on the device for ``work`` (see above)."""
+        """Make ``stream``'s CUDA stream wait on the device for the captured work."""
         target = self._streams.resolve(stream, ()).stream
-        if work.kind == "event":
-            if work.handle:
-                self._wait_on(target, work.handle)
+        event = work.take()
+        if event is None:
             return
-        event = self._events.record(cu().CUstream(work.handle))
         try:
-            err = hot.stream_wait_event(target, event)
-            if err:
-                raise error_from(err, "cuStreamWaitEvent")
+            self._wait_on(target, event)
         finally:
             self._events.give(event)  # the wait captured the event's state
 
-    def _wait_on(self, stream: Any, event_handle: int) -> None:
-        err = hot.stream_wait_event(stream, cu().CUevent(event_handle))
+    def _wait_on(self, stream: Any, event: Any) -> None:
+        if isinstance(event, int):
+            event = cu().CUevent(event)
+        err = hot.stream_wait_event(stream, event)
         if err:
             raise error_from(err, "cuStreamWaitEvent")
-
-    def _take_side(self) -> Any:
-        sides = self._foreign_sides
-        return sides.pop() if sides else self._backend.create_stream()
 
 
 def _unknown(work: ForeignWork, cause: BaseException) -> ForeignStreamError:

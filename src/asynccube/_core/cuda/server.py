@@ -126,7 +126,6 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps, ForeignOps):
         )
         self._retirer = Retirer(self._events)
         self._pinned = PinnedPool()
-        self._foreign_sides = []  # see ForeignOps
         self._notifier: HostFuncNotifier | None = None
         self._packer = ArgPacker()
         self._compiler = KernelCompiler(cache_dir=cache_dir)

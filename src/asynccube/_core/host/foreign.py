@@ -32,19 +32,19 @@ def refuse(work: ForeignWork) -> NoReturn:
 
 
 class HostForeign:
-    """The host server's ``check_foreign``/``foreign_wait``/``foreign_after``: each
+    """The host server's ``capture_foreign``/``foreign_wait``/``foreign_after``: each
     refuses (see above)."""
 
     __slots__ = ()
 
-    def check_foreign(self, work: ForeignWork) -> None:
+    def capture_foreign(self, work: ForeignWork) -> None:
         """Refuse ``work`` (ForeignStreamError): the host server has no GPU."""
         refuse(work)
 
     def foreign_wait(self, work: ForeignWork, stream: StreamId) -> Completion[None]:
-        """Refuse ``work`` (the client's ``check_foreign`` already did)."""
+        """Refuse ``work`` (the client's ``capture_foreign`` already did)."""
         refuse(work)
 
     def foreign_after(self, work: ForeignWork, stream: StreamId) -> None:
-        """Refuse ``work`` (the client's ``check_foreign`` already did)."""
+        """Refuse ``work`` (the client's ``capture_foreign`` already did)."""
         refuse(work)

@@ -2,16 +2,18 @@
 
 The client turns whatever the user passed (an object with ``__cuda_stream__``, a torch or
 CuPy stream or event, a raw handle) into a :class:`ForeignWork`: a stream or an event,
-its raw driver handle, and the object itself, kept alive until the server has used the
-handle (a CuPy stream dropped right after ``client.after(stream)`` is destroyed by its
-finalizer; the command may still be queued then). A server gives it three operations
-(see :class:`~.protocol.ComputeServer`): ``check_foreign`` (at the call, pure),
-``foreign_wait`` (a completion once the work queued so far on it is done) and
+and its raw driver handle. A server gives it three operations (see
+:class:`~.protocol.ComputeServer`): ``capture_foreign``, run by the client at the call
+(it checks the object and captures the work queued on it *now*, as an event of the
+server's own, so a command that waits in the channel's queue, or a library that
+re-records its event meanwhile, cannot move what is waited for); then, as ordinary
+commands, ``foreign_wait`` (a completion once the captured work is done) and
 ``foreign_after`` (the calling task's stream waits for it on the device).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final, Literal
 
 __all__ = ["DEFAULT_STREAMS", "ForeignWork", "Kind"]
@@ -35,10 +37,13 @@ class ForeignWork:
         name: What the object is, for messages (``"torch.cuda.streams.Stream"``).
         call: The client method it was passed to (``"wait"``, ``"after"``).
         device: The CUDA device index the object declares, where it declares one.
-        owner: The object itself, kept alive while a queued command refers to it.
+        captured: What ``capture_foreign`` captured (a server's event), until a command
+            takes it (``take``); one never taken goes back through ``drop``.
+        drop: Gives back a capture no command took (the command was cancelled before it
+            ran, or the client closed); set with ``captured``.
     """
 
-    __slots__ = ("call", "device", "handle", "kind", "name", "owner")
+    __slots__ = ("call", "captured", "device", "drop", "handle", "kind", "name")
 
     def __init__(
         self,
@@ -47,14 +52,25 @@ class ForeignWork:
         name: str,
         call: str,
         device: int | None = None,
-        owner: Any = None,
     ) -> None:
         self.kind = kind
         self.handle = handle
         self.name = name
         self.call = call
         self.device = device
-        self.owner = owner
+        self.captured: Any = None
+        self.drop: Callable[[Any], object] | None = None
+
+    def take(self) -> Any:
+        """The capture, handed to the command that uses it (None: nothing to wait for)."""
+        captured, self.captured = self.captured, None
+        return captured
+
+    def __del__(self) -> None:
+        captured, drop = self.captured, self.drop
+        if captured is not None and drop is not None:
+            self.captured = None
+            drop(captured)
 
     def __repr__(self) -> str:
         return f"ForeignWork({self.kind}, {self.label}, device={self.device})"

@@ -217,19 +217,20 @@ class ComputeServer(Protocol):
         """Switch which pools new allocations come from."""
         ...
 
-    def check_foreign(self, work: ForeignWork) -> None:
-        """Raise ForeignStreamError unless this server can wait on ``work`` (another
-        library's stream or event: of this device and context, known to the driver).
-        Called by the client at the call (pure, on the loop thread; no server state)."""
+    def capture_foreign(self, work: ForeignWork) -> None:
+        """Check ``work`` (another library's stream or event) and capture the work queued
+        on it so far (``work.captured``), or raise ForeignStreamError (another device or
+        context, unknown to the driver, no GPU). Called by the client at the call, on
+        the loop thread, before the command is sent."""
         ...
 
     def foreign_wait(self, work: ForeignWork, stream: StreamId) -> Completion[None]:
-        """Completes once the work queued so far on ``work`` is done (``client.wait``);
+        """Completes once the work ``work`` captured is done (``client.wait``);
         asynccube's own streams are not involved."""
         ...
 
     def foreign_after(self, work: ForeignWork, stream: StreamId) -> None:
-        """Make ``stream`` wait, on the device, for the work queued so far on ``work``
+        """Make ``stream`` wait, on the device, for the work ``work`` captured
         (``client.after``): what the task queues next runs after it."""
         ...
 
