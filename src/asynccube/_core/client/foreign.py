@@ -23,13 +23,13 @@ in the channel's queue nor a re-recorded event moves what is waited for); bad in
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ..channel.channel import Channel
 from ..errors import ForeignStreamError
 from ..server.foreign import ForeignWork, Kind
-
-if TYPE_CHECKING:
-    from .client import ComputeClient
+from ..server.protocol import ComputeServer
+from .dispatch import Dispatch
 
 __all__ = ["after", "describe", "wait"]
 
@@ -38,6 +38,16 @@ _ACCEPTED = (
     "torch.cuda.Stream or torch.cuda.Event, a cupy.cuda.Stream or cupy.cuda.Event, a "
     "cuda.bindings CUstream or CUevent, or a raw stream handle (an int)"
 )
+
+
+class ForeignClient(Protocol):
+    """What these calls need of a client (the client imports this module)."""
+
+    _server: ComputeServer
+    _channel: Channel
+    _dispatch: Dispatch
+
+
 _HANDLE_TYPES = {
     "CUstream": "stream",
     "cudaStream_t": "stream",
@@ -46,7 +56,7 @@ _HANDLE_TYPES = {
 }
 
 
-def wait(client: ComputeClient, obj: Any) -> asyncio.Future[None]:
+def wait(client: ForeignClient, obj: Any) -> asyncio.Future[None]:
     """``client.wait(obj)`` (see the module docstring)."""
     client._channel.check()  # a graph capture's guard names "wait" and refuses it
     work = describe(obj, "wait")
@@ -55,7 +65,7 @@ def wait(client: ComputeClient, obj: Any) -> asyncio.Future[None]:
     return client._dispatch.request(server.foreign_wait, work)
 
 
-def after(client: ComputeClient, obj: Any) -> None:
+def after(client: ForeignClient, obj: Any) -> None:
     """``client.after(obj)`` (see the module docstring)."""
     client._channel.check()
     work = describe(obj, "after")
@@ -64,7 +74,7 @@ def after(client: ComputeClient, obj: Any) -> None:
     client._dispatch.fire(server.foreign_after, work)
 
 
-def _capture(client: ComputeClient, work: ForeignWork) -> None:
+def _capture(client: ForeignClient, work: ForeignWork) -> None:
     """The server's ``capture_foreign``, now, with its device current (another client's
     commands may have left another one current on this thread)."""
     client._channel.activate()
