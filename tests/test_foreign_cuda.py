@@ -26,6 +26,8 @@ from .test_cuda_server import SPIN, spin_bindings
 
 pytestmark = pytest.mark.cuda
 aio = pytest.mark.asyncio
+lag_ok = pytest.mark.allow_loop_lag  # torch's and CuPy's first use of a kernel loads it
+# on the loop thread; the waits themselves are probed (LoopLagProbe) where that is the point
 
 BUSY_SECONDS = 0.3
 
@@ -35,8 +37,8 @@ def torch_busy() -> Callable[[Any, float], None]:
     """Queues about ``seconds`` of float32 matmuls on a torch stream (calibrated here,
     outside the event loop: cuBLAS's first use takes a while)."""
     torch = pytest.importorskip("torch")
-    a = torch.randn(2048, 2048, device="cuda")
-    b = torch.randn(2048, 2048, device="cuda")
+    a = torch.randn(4096, 4096, device="cuda")  # ~100 launches a second: queued in ~1 ms
+    b = torch.randn(4096, 4096, device="cuda")
     for _ in range(3):
         a @ b
     torch.cuda.synchronize()
@@ -61,9 +63,12 @@ async def gpu() -> Any:
 
 
 async def _ticks_while(awaitable: Any) -> tuple[Any, float, float]:
-    """Await ``awaitable`` while a ticker sleeps 1 ms at a time: (result, seconds it
-    took, longest gap between two ticks)."""
+    """Await ``awaitable`` while a ticker sleeps 1 ms at a time, under the project's
+    loop-lag probe: (result, seconds it took, longest gap between two ticks); fails if
+    a callback held the loop past the probe's limit."""
     import asyncio
+
+    from .lagprobe import MAX_LAG_SECONDS, LoopLagProbe
 
     gaps: list[float] = []
     stop = False
@@ -76,6 +81,8 @@ async def _ticks_while(awaitable: Any) -> tuple[Any, float, float]:
             gaps.append(now - last)
             last = now
 
+    probe = LoopLagProbe()
+    probe.start()
     ticker = asyncio.ensure_future(tick())
     start = time.perf_counter()
     try:
@@ -84,10 +91,13 @@ async def _ticks_while(awaitable: Any) -> tuple[Any, float, float]:
         took = time.perf_counter() - start
         stop = True
         await ticker
+        worst = await probe.stop()
+    assert worst < MAX_LAG_SECONDS, f"the loop was held {worst * 1e3:.1f} ms: {probe.culprit}"
     return result, took, max(gaps, default=0.0)
 
 
 @aio
+@lag_ok
 async def test_wait_on_a_torch_stream_frees_the_loop(
     gpu: ac.ComputeClient, torch_busy: Any
 ) -> None:
@@ -99,12 +109,13 @@ async def test_wait_on_a_torch_stream_frees_the_loop(
     _, took, gap = await _ticks_while(gpu.wait(stream))
     assert stream.query()  # done: the wait did not end early
     assert took > BUSY_SECONDS / 3
-    assert gap < 0.05  # the loop kept running (the plugin's probe checks each callback)
+    assert gap < 0.05  # the loop kept running
     await gpu.wait(torch.cuda.current_stream())  # the NULL stream (handle 0)
     await gpu.wait(stream.cuda_stream)  # a raw handle
 
 
 @aio
+@lag_ok
 async def test_wait_on_a_torch_event_keeps_what_it_recorded(
     gpu: ac.ComputeClient, torch_busy: Any
 ) -> None:
@@ -122,6 +133,7 @@ async def test_wait_on_a_torch_event_keeps_what_it_recorded(
 
 
 @aio
+@lag_ok
 async def test_after_a_torch_stream_orders_an_asynccube_kernel(
     gpu: ac.ComputeClient, torch_busy: Any
 ) -> None:
@@ -149,6 +161,7 @@ async def test_after_a_torch_stream_orders_an_asynccube_kernel(
 
 
 @aio
+@lag_ok
 async def test_wait_and_after_on_cupy(gpu: ac.ComputeClient) -> None:
     cupy = pytest.importorskip("cupy")
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -187,6 +200,7 @@ def _spin_then_record(gpu: ac.ComputeClient, seconds: float) -> Any:
 
 
 @aio
+@lag_ok
 async def test_wait_on_a_raw_handle_and_a_cuda_bindings_stream(gpu: ac.ComputeClient) -> None:
     from cuda.bindings import driver
 
@@ -201,6 +215,7 @@ async def test_wait_on_a_raw_handle_and_a_cuda_bindings_stream(gpu: ac.ComputeCl
 
 
 @aio
+@lag_ok
 async def test_a_cancelled_wait_frees_its_event_and_descriptor(
     gpu: ac.ComputeClient, torch_busy: Any
 ) -> None:
@@ -233,6 +248,7 @@ async def test_a_cancelled_wait_frees_its_event_and_descriptor(
 
 
 @aio
+@lag_ok
 async def test_another_devices_stream_is_refused(gpu: ac.ComputeClient) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.device_count() < 2:
