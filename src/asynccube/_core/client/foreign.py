@@ -31,7 +31,7 @@ from ..server.foreign import ForeignWork, Kind
 from ..server.protocol import ComputeServer
 from .dispatch import Dispatch
 
-__all__ = ["after", "describe", "wait"]
+__all__ = ["ForeignClient", "after", "describe", "wait"]
 
 _ACCEPTED = (
     "a CUDA stream or event: an object with __cuda_stream__ (cuda.core's protocol), a "
