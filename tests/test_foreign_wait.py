@@ -332,3 +332,17 @@ async def test_a_wait_cancelled_before_it_ran_gives_its_capture_back(
     assert server.log == [] and server.taken == []
     assert server.dropped == [("capture", 0x77)]  # back to the server, not leaked
     assert not client._channel._pending
+
+
+async def test_a_wait_raises_the_error_held_for_its_stream_first(
+    fake: tuple[ac.ComputeClient, Accepting],
+) -> None:
+    client, server = fake
+    server.fail_after = ac.DeviceError("an earlier after failed")
+    client.after(ProtocolStream())  # fire-and-forget: its error is held
+    server.fail_after = None
+    fut = client.wait(ProtocolStream())
+    server.waits[-1].set_result(None)
+    with pytest.raises(ac.DeviceError, match="an earlier after failed"):
+        await fut
+    await client.sync()  # raised once, not again

@@ -44,21 +44,22 @@ class ForeignOps(ServerCore):
 
     def capture_foreign(self, work: ForeignWork) -> None:
         """Check ``work`` and capture the work queued on it so far (see above)."""
-        self._check_foreign(work)
+        foreign = self._check_foreign(work)
         if work.kind == "event" and not work.handle:
             return  # an event never recorded: nothing to wait for
         try:
             if work.kind == "stream":
-                event = self._events.record(cu().CUstream(work.handle))
+                event = self._events.record(foreign)
             else:
-                event = self._record_after_event(work.handle)
+                event = self._record_after_event(foreign)
         except CudaDriverError as exc:
             if exc.sticky:
                 raise
             raise _unknown(work, exc) from exc
         work.captured, work.drop = event, self._events.give
 
-    def _check_foreign(self, work: ForeignWork) -> None:
+    def _check_foreign(self, work: ForeignWork) -> Any:
+        """Refuse ``work`` where it cannot be waited on; its handle as a driver object."""
         ordinal = self._ctx.ordinal
         if work.device is not None and work.device != ordinal:
             raise ForeignStreamError(
@@ -66,26 +67,31 @@ class ForeignOps(ServerCore):
                 f"on cuda:{ordinal}; wait on it from a client of cuda:{work.device}, or "
                 f"pass a stream of cuda:{ordinal}"
             )
-        if work.kind == "stream" and work.handle not in DEFAULT_STREAMS:
-            self._check_stream(work)
-        elif work.kind == "event" and work.handle:
-            err = int(hot.event_query(cu().CUevent(work.handle)))
+        d = cu()
+        if work.kind == "stream":
+            stream = d.CUstream(work.handle)
+            if work.handle not in DEFAULT_STREAMS:
+                self._check_stream(work, stream)
+            return stream
+        event = d.CUevent(work.handle)
+        if work.handle:
+            err = int(hot.event_query(event))
             if err not in (0, _NOT_READY):
                 raise _unknown(work, error_from(err, "cuEventQuery"))
+        return event
 
-    def _record_after_event(self, handle: int) -> Any:
+    def _record_after_event(self, foreign: Any) -> Any:
         d = cu()
         flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
         side = check(d.cuStreamCreate(flags), "cuStreamCreate(side)")
         try:
-            self._wait_on(side, handle)
+            self._wait_on(side, foreign)
             return self._events.record(side)
         finally:
             d.cuStreamDestroy(side)  # freed by the driver once its work is done
 
-    def _check_stream(self, work: ForeignWork) -> None:
+    def _check_stream(self, work: ForeignWork, handle: Any) -> None:
         d = cu()
-        handle = d.CUstream(work.handle)
         err, context = d.cuStreamGetCtx(handle)
         if err:
             raise _unknown(work, error_from(err, "cuStreamGetCtx"))
@@ -121,8 +127,6 @@ class ForeignOps(ServerCore):
             self._events.give(event)  # the wait captured the event's state
 
     def _wait_on(self, stream: Any, event: Any) -> None:
-        if isinstance(event, int):
-            event = cu().CUevent(event)
         err = hot.stream_wait_event(stream, event)
         if err:
             raise error_from(err, "cuStreamWaitEvent")
