@@ -7,7 +7,6 @@ is in ``test_foreign_cuda.py``."""
 from __future__ import annotations
 
 import gc
-import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -233,10 +232,6 @@ async def fake() -> AsyncIterator[tuple[ac.ComputeClient, Accepting]]:
         await client.close()
 
 
-def _complete_later(done: HostCompletion[None], seconds: float) -> None:
-    threading.Timer(seconds, done.set_result, (None,)).start()
-
-
 async def test_wait_settles_when_the_work_is_done_and_the_loop_runs_meanwhile(
     fake: tuple[ac.ComputeClient, Accepting],
 ) -> None:
@@ -248,12 +243,18 @@ async def test_wait_settles_when_the_work_is_done_and_the_loop_runs_meanwhile(
     assert server.taken == [("capture", 0x5A5A)] and not server.dropped  # captured at the call
     del obj
     ticks = 0
-    _complete_later(done, 0.05)
-    with anyio.fail_after(5):
-        while not fut.done():
-            ticks += 1
-            await anyio.sleep(0.001)
-        assert await fut is None
+
+    async def complete_later() -> None:
+        await anyio.sleep(0.05)
+        done.set_result(None)  # as a driver would: the channel hears of it, not polls
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(complete_later)
+        with anyio.fail_after(5):
+            while not fut.done():  # counting the loop's turns meanwhile
+                ticks += 1
+                await anyio.sleep(0.001)
+    assert await fut is None
     assert ticks >= 10  # the loop ran while it waited
     assert _Slow.taken >= 1 and not client._channel._pending
 
@@ -340,9 +341,17 @@ async def test_a_wait_raises_the_error_held_for_its_stream_first(
     client, server = fake
     server.fail_after = ac.DeviceError("an earlier after failed")
     client.after(ProtocolStream())  # fire-and-forget: its error is held
+    await _until(lambda: server.log)
     server.fail_after = None
     fut = client.wait(ProtocolStream())
+    await _until(lambda: server.waits)  # the actor ran it (this iteration's budget: 1 µs)
     server.waits[-1].set_result(None)
     with pytest.raises(ac.DeviceError, match="an earlier after failed"):
         await fut
     await client.sync()  # raised once, not again
+
+
+async def _until(ready: Any) -> None:
+    with anyio.fail_after(5):
+        while not ready():  # noqa: ASYNC110 - the actor sets nothing a test can await
+            await anyio.sleep(0.001)
