@@ -20,6 +20,7 @@ __all__ = [
     "DLPackError",
     "DeviceError",
     "ExecutionError",
+    "ForeignStreamError",
     "GraphCaptureError",
     "GraphUpdateError",
     "InvalidArgument",
@@ -231,3 +232,10 @@ class DLPackError(AsyncCubeError, BufferError):
     """A DLPack exchange cannot be made: memory on another device, strides or a dtype
     that cannot be expressed, read-only memory, a busy buffer, or a stream or version
     the exchange does not support; the message says which, and what to do."""
+
+
+class ForeignStreamError(InvalidArgument):
+    """Another library's stream or event cannot be waited on (``client.wait``/``after``):
+    an unsupported type, a stream or event of another device or context (every CUDA
+    object on the host server), or a handle the driver does not know (a destroyed
+    stream); the message names the object and what to pass instead."""

@@ -14,7 +14,8 @@ them; each public method that is not on the hot path is a thin delegate to one):
   commands, thin delegates to their parts;
 * :class:`~.lifecycle.Lifecycle`: the close (and :mod:`.lifecycle`'s exit and warning);
 * :mod:`.arrays` (numpy helpers), :mod:`.graph` (captures), :mod:`.transfer`
-  (``to_client``) and :mod:`.interop` (DLPack): functions over the client.
+  (``to_client``), :mod:`.interop` (DLPack) and :mod:`.foreign` (``wait``/``after``
+  on other libraries' streams): functions over the client.
 
 The hot path (``execute``, ``read``, ``sync``, ``empty``, ``create``) keeps its bodies
 here, one Python call each, with the server's compiled fast routes (``_fast``,
@@ -51,7 +52,7 @@ from ..values.types import (
     ExecutionMode,
     Handle,
 )
-from . import arrays
+from . import arrays, foreign
 from .args import DataLike, _bad_execute, _items, _whole
 from .dispatch import Dispatch
 from .graph import Graph, capture, release_graphs
@@ -409,6 +410,23 @@ class ComputeClient(ClientSurface):
         if not isinstance(other, ComputeClient):
             raise InvalidArgument(f"to_client needs another client, got {type(other).__name__}")
         return to_client(self, handle, other)
+
+    def wait(self, obj: Any) -> asyncio.Future[None]:
+        """Completes once the work queued so far on another library's stream or event
+        is done, without blocking the loop (awaitable, cancellable; asyncio or trio).
+
+        ``obj``: an object with ``__cuda_stream__``, a ``torch.cuda.Stream``/``Event``,
+        a CuPy ``Stream``/``Event``, a ``cuda.bindings`` ``CUstream``/``CUevent``, or a
+        raw stream handle (int). ForeignStreamError, at the call, for another device's,
+        a destroyed or an unsupported one, and for any on the host server (no GPU).
+        """
+        return foreign.wait(self, obj)
+
+    def after(self, obj: Any) -> None:
+        """Make the calling task's stream wait, on the device, for the work queued so far
+        on another library's stream or event (fire-and-forget, ordered like an execute;
+        ``obj`` as for :meth:`wait`): later kernels of the task see its results."""
+        foreign.after(self, obj)
 
     # -- lifecycle ----------------------------------------------------------------------
 

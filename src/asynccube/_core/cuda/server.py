@@ -17,7 +17,8 @@ where the device's primary context is current. Nothing here waits for the device
 
 The class is assembled from one module per concern: :mod:`.launch` (kernels),
 :mod:`.transfers` (copies and staging), :mod:`.streams` (MultiStream's backend and the
-retirer), :mod:`.timing` (profiling), :mod:`.lifecycle` (close), over the shared state
+retirer), :mod:`.timing` (profiling), :mod:`.lifecycle` (close), :mod:`.foreign` (other
+libraries' streams: ``client.wait``/``after``), over the shared state
 and helpers of :mod:`.state`; this module holds construction, memory and sync.
 
 Errors: every ``CUresult`` becomes a :class:`~asynccube.CudaDriverError`. A sticky one
@@ -54,6 +55,7 @@ from .completion import CudaCompletion, EventPool, HostFuncNotifier
 from .driver import DeviceContext, check, cu, device_properties, set_current
 from .fast import fast_launch
 from .fast_sync import FastSync
+from .foreign import ForeignOps
 from .interop import InteropOps
 from .launch import WARM_KERNEL, LaunchOps
 from .lifecycle import LifecycleOps
@@ -73,7 +75,7 @@ _ROW_ALIGN: Final = 256
 """Pitch alignment (bytes) of OPTIMIZED rows."""
 
 
-class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps):
+class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps, ForeignOps):
     """The CUDA server. See the module docstring.
 
     Args:

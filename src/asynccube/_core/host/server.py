@@ -43,6 +43,7 @@ from ..values.types import (
     ProfileDuration,
     ProfilingToken,
 )
+from .foreign import HostForeign
 from .interop_wait import wait_for_export
 from .kernels import kernel_task
 from .profiles import duration, timestamp
@@ -62,7 +63,7 @@ _EXTERNAL: Any = None
 _ROW_ALIGN = 64
 
 
-class HostServer(SliceServer[_Bound]):
+class HostServer(HostForeign, SliceServer[_Bound]):
     """The numpy server. See the module docstring.
 
     Args:

@@ -31,6 +31,7 @@ from ..values.types import (
     ProfileDuration,
     ProfilingToken,
 )
+from .foreign import ForeignWork
 
 __all__ = [
     "BindingResource",
@@ -221,6 +222,23 @@ class ComputeServer(Protocol):
 
     def allocation_mode(self, mode: MemoryAllocationMode, stream: StreamId) -> None:
         """Switch which pools new allocations come from."""
+        ...
+
+    def capture_foreign(self, work: ForeignWork) -> None:
+        """Check ``work`` (another library's stream or event) and capture the work queued
+        on it so far (``work.captured``), or raise ForeignStreamError (another device or
+        context, unknown to the driver, no GPU). Called by the client at the call, on
+        the loop thread, before the command is sent."""
+        ...
+
+    def foreign_wait(self, work: ForeignWork, stream: StreamId) -> Completion[None]:
+        """Completes once the work ``work`` captured is done (``client.wait``);
+        asynccube's own streams are not involved."""
+        ...
+
+    def foreign_after(self, work: ForeignWork, stream: StreamId) -> None:
+        """Make ``stream`` wait, on the device, for the work ``work`` captured
+        (``client.after``): what the task queues next runs after it."""
         ...
 
     def close(self) -> Completion[None]:
