@@ -17,6 +17,7 @@ from __future__ import annotations
 from ._core.client.client import ComputeClient
 from ._core.client.graph import Graph
 from ._core.client.tensor import Tensor
+from ._core.config.pools import MemoryLayout, MemoryPool, PoolKind
 from ._core.errors import (
     AsyncCubeError,
     AutotuneCheckError,
@@ -36,6 +37,8 @@ from ._core.errors import (
     IoError,
     KernelNotSupported,
     LoopMismatchError,
+    MemoryInUse,
+    MemoryLayoutError,
     OutOfMemory,
     ProfileError,
     ScalarTypeError,
@@ -144,11 +147,16 @@ __all__ = [
     "KernelRecord",
     "LoopMismatchError",
     "MemoryAllocationMode",
+    "MemoryInUse",
+    "MemoryLayout",
+    "MemoryLayoutError",
+    "MemoryPool",
     "MemoryReport",
     "MemoryUsage",
     "MetadataBinding",
     "OobFill",
     "OutOfMemory",
+    "PoolKind",
     "PoolReport",
     "ProfileDuration",
     "ProfileError",

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
+from ..config.pools import MemoryLayout
 from ..memory.management import MemoryReport
 from ..profiling.records import KernelRecord
 from ..values.bindings import Bindings, CubeCount
@@ -214,6 +215,11 @@ class ComputeServer(Protocol):
 
     def allocation_mode(self, mode: MemoryAllocationMode, stream: StreamId) -> None:
         """Switch which pools new allocations come from."""
+        ...
+
+    def set_memory_layout(self, layout: MemoryLayout, stream: StreamId) -> None:
+        """Empty the pools, return their pages, and use ``layout``'s pools from now on;
+        ``MemoryInUse`` while buffers are alive."""
         ...
 
     def close(self) -> Completion[None]:
