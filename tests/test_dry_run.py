@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-import asynccube._core.channel.trio_loop  # noqa: F401  (imported now, not on a probed loop)
-import asynccube._core.server.settings  # noqa: F401  (the same: open_client imports it late)
+import asynccube._core.channel.trio_loop  # imported now, not on a probed loop
+import asynccube._core.server.settings  # the same: open_client imports it late
 from asynccube._core.memory.storage import DryStorage
 from asynccube._core.tune.cache import device_fingerprint
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import asynccube as ac
-import asynccube._core.channel.trio_loop  # noqa: F401  (imported now, not on a probed loop)
-import asynccube._core.server.settings  # noqa: F401  (the same: open_client imports it late)
+import asynccube._core.channel.trio_loop  # imported now, not on a probed loop
+import asynccube._core.server.settings  # the same: open_client imports it late
 from asynccube._core.config.config import format_config, load_config, load_effective_config
 from asynccube._core.config.pools import parse_pools
 from asynccube._core.memory import MemoryConfig, MemoryManagement
@@ -154,7 +154,7 @@ def test_a_bad_pool_in_a_file_names_the_file_and_the_pool(tmp_path: Path) -> Non
 def test_pools_from_the_environment_as_json() -> None:
     env = {"ASYNCCUBE_MEMORY_POOLS": '[{"kind": "direct", "max_slice": 65536}]'}
     assert load_config(env=env).memory.pools == (ac.MemoryPool(DIRECT, 65536),)
-    with pytest.raises(ac.ConfigError, match="ASYNCCUBE_MEMORY_POOLS.*not a JSON list"):
+    with pytest.raises(ac.ConfigError, match=r"ASYNCCUBE_MEMORY_POOLS.*not a JSON list"):
         load_config(env={"ASYNCCUBE_MEMORY_POOLS": "[{"})
 
 
@@ -341,4 +341,3 @@ async def test_replace_waits_for_work_queued_before_it() -> None:
         del h, bindings  # the queued launch still holds the buffer
         await client.set_memory_layout(ac.MemoryLayout([ac.MemoryPool(DIRECT, 1 * MiB)]))
         assert (await client.memory_report()).usage.bytes_reserved == 0
-

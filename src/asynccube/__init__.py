@@ -49,7 +49,7 @@ from ._core.errors import (
     UnsupportedStrides,
 )
 from ._core.host.server import HostServer
-from ._core.memory import MemoryReport, PoolReport
+from ._core.memory import MemoryReport, PoolReport, SizeClassPeak
 from ._core.profiling.records import KernelRecord, ProfileStats, ProfileSummary
 from ._core.profiling.timeline import Timeline
 from ._core.runtime.open import connect, open_client
@@ -165,6 +165,7 @@ __all__ = [
     "ProfilingToken",
     "ScalarBinding",
     "ScalarTypeError",
+    "SizeClassPeak",
     "StreamId",
     "Tensor",
     "TensorMapBinding",
