@@ -127,3 +127,17 @@ async def host_dry() -> AsyncIterator[ac.ComputeClient]:
 async def test_dry_run_must_be_a_bool() -> None:
     with pytest.raises(ac.InvalidArgument, match="dry_run must be True or False"):
         await ac.connect("host", dry_run="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.cuda
+async def test_a_dry_run_of_a_gpu_is_sized_like_it() -> None:
+    async with ac.open_client("cuda:0") as real:
+        props = real.properties
+    async with ac.open_client("cuda:0", dry_run=True) as dry:
+        assert dry.device == "cuda (dry run)" and dry.dry_run
+        assert dry.properties.name == f"{props.name} (dry run)"
+        assert dry.properties.max_allocation == props.max_allocation
+        h = dry.empty(100)
+        usage = (await dry.memory_report()).pools[0].usage
+        assert usage.padding == 512 - 100  # the GPU's alignment, not the host's
+        del h

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from ..errors import MemoryLayoutError
 from ..values.types import ExecutionMode
 from .pools import MemoryPool, parse_pools, pools_toml
 
@@ -172,10 +171,7 @@ def _parse_path(raw: object, from_env: bool, base: Path) -> object:
 
 
 def _parse_pools(raw: object, from_env: bool, base: Path) -> object:
-    try:
-        return parse_pools(raw, from_env)
-    except MemoryLayoutError as exc:
-        raise _BadValue(f"a valid pool layout ({exc})") from None
+    return parse_pools(raw, from_env)  # MemoryLayoutError: "expected a valid pool layout"
 
 
 def _choice(members: tuple[enum.Enum, ...]) -> Parser:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import TypeVar
 
+from .config import MemoryConfig
 from .management import MemoryManagement
 from .report import MemoryReport, SizeClassPeak
 from .slice import SliceHandle
+from .storage import ComputeStorage
 
 __all__ = ["MeasuredMemory"]
 
@@ -21,8 +23,10 @@ class MeasuredMemory(MemoryManagement[R]):
 
     __slots__ = ("_classes",)
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(
+        self, storage: ComputeStorage[R], config: MemoryConfig | None = None, *, owner_id: int
+    ) -> None:
+        super().__init__(storage, config, owner_id=owner_id)
         self._classes: dict[int, list[int]] = {}  # upper: [requests, alive, bytes, peak, peak B]
 
     def reserve(self, size: int) -> SliceHandle:
