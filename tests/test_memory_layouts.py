@@ -265,37 +265,38 @@ async def test_a_layout_from_code_reaches_the_server_and_the_report(device: str)
 
 
 @pytest.mark.anyio
-async def test_spill_when_capped_on_a_client(device: str) -> None:
+async def test_spill_when_capped_on_a_client(client: ac.ComputeClient) -> None:
     layout = ac.MemoryLayout(
         [
             ac.MemoryPool(SLICED, max_slice=64 * KiB, page_size=64 * KiB, max_total=64 * KiB),
             ac.MemoryPool(EXCLUSIVE, max_slice=1 * MiB),
         ]
     )
-    async with ac.open_client(device, config={"memory": {"pools": layout.pools}}) as client:
-        handles = [client.create(np.zeros(16 * KiB, np.uint8)) for _ in range(6)]
-        data = await client.read([h.binding() for h in handles])
-        assert all(d == bytes(16 * KiB) for d in data)
-        report = await client.memory_report()
-        assert [p.usage.number_allocs for p in report.pools] == [4, 2]
-        assert report.pools[0].usage.bytes_reserved == 64 * KiB
-        del handles, data
+    await client.set_memory_layout(layout)
+    handles = [client.create(np.zeros(16 * KiB, np.uint8)) for _ in range(6)]
+    data = await client.read([h.binding() for h in handles])
+    assert all(d == bytes(16 * KiB) for d in data)
+    report = await client.memory_report()
+    assert [p.usage.number_allocs for p in report.pools] == [4, 2]
+    assert report.pools[0].usage.bytes_reserved == 64 * KiB
+    del handles, data
 
 
 @pytest.mark.anyio
-async def test_cleanup_returns_memory_on_a_client(device: str) -> None:
-    async with ac.open_client(device, config={"memory": {"pools": _four_kinds().pools}}) as c:
-        handles = [c.empty(n) for n in (1 * KiB, 100 * KiB, 1 * MiB)]
-        c.allocation_mode(ac.MemoryAllocationMode.PERSISTENT)
-        handles.append(c.empty(2 * MiB))
-        c.allocation_mode(ac.MemoryAllocationMode.AUTO)
-        assert (await c.memory_usage()).bytes_reserved > 0
-        handles.clear()
-        await c.sync()
-        c.memory_cleanup()
-        report = await c.memory_report()
-        assert [p.pages for p in (*report.pools, report.persistent)] == [0, 0, 0, 0]
-        assert report.usage.bytes_reserved == 0
+async def test_cleanup_returns_memory_on_a_client(client: ac.ComputeClient) -> None:
+    c = client
+    await c.set_memory_layout(_four_kinds())
+    handles = [c.empty(n) for n in (1 * KiB, 100 * KiB, 1 * MiB)]
+    c.allocation_mode(ac.MemoryAllocationMode.PERSISTENT)
+    handles.append(c.empty(2 * MiB))
+    c.allocation_mode(ac.MemoryAllocationMode.AUTO)
+    assert (await c.memory_usage()).bytes_reserved > 0
+    handles.clear()
+    await c.sync()
+    c.memory_cleanup()
+    report = await c.memory_report()
+    assert [p.pages for p in (*report.pools, report.persistent)] == [0, 0, 0, 0]
+    assert report.usage.bytes_reserved == 0
 
 
 @pytest.mark.anyio
