@@ -17,6 +17,7 @@ from __future__ import annotations
 from ._core.client.client import ComputeClient
 from ._core.client.graph import Graph
 from ._core.client.tensor import Tensor
+from ._core.config.pools import MemoryLayout, MemoryPool, PoolKind
 from ._core.errors import (
     AsyncCubeError,
     AutotuneCheckError,
@@ -38,6 +39,8 @@ from ._core.errors import (
     KernelDefinitionError,
     KernelNotSupported,
     LoopMismatchError,
+    MemoryInUse,
+    MemoryLayoutError,
     OutOfMemory,
     ProfileError,
     ScalarTypeError,
@@ -56,7 +59,7 @@ from ._core.kernels import (
     elementwise,
     reduction,
 )
-from ._core.memory import MemoryReport, PoolReport
+from ._core.memory import MemoryReport, PoolReport, SizeClassPeak
 from ._core.profiling.records import KernelRecord, ProfileStats, ProfileSummary
 from ._core.profiling.timeline import Timeline
 from ._core.runtime.open import connect, open_client
@@ -163,11 +166,16 @@ __all__ = [
     "KernelRecord",
     "LoopMismatchError",
     "MemoryAllocationMode",
+    "MemoryInUse",
+    "MemoryLayout",
+    "MemoryLayoutError",
+    "MemoryPool",
     "MemoryReport",
     "MemoryUsage",
     "MetadataBinding",
     "OobFill",
     "OutOfMemory",
+    "PoolKind",
     "PoolReport",
     "ProfileDuration",
     "ProfileError",
@@ -177,6 +185,7 @@ __all__ = [
     "ReductionKernel",
     "ScalarBinding",
     "ScalarTypeError",
+    "SizeClassPeak",
     "StreamId",
     "Tensor",
     "TensorMapBinding",

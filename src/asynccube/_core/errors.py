@@ -29,6 +29,8 @@ __all__ = [
     "KernelDefinitionError",
     "KernelNotSupported",
     "LoopMismatchError",
+    "MemoryInUse",
+    "MemoryLayoutError",
     "OutOfMemory",
     "ProfileError",
     "ScalarTypeError",
@@ -103,6 +105,36 @@ class OutOfMemory(IoError):
 
 class InvalidArgument(AsyncCubeError, ValueError):
     """An argument has the wrong type or value; the message names it and the fix."""
+
+
+class MemoryLayoutError(InvalidArgument):
+    """A memory pool layout breaks a rule (a size <= 0, a pool no request can reach, a
+    cap below one page, ...); the message names the pool by its index and what to do.
+
+    Attributes:
+        pool: The index of the offending pool in the layout, or ``None`` when the layout
+            as a whole is at fault.
+    """
+
+    def __init__(self, message: str, pool: int | None = None) -> None:
+        self.pool = pool
+        super().__init__(message if pool is None else f"pool {pool}: {message}")
+
+
+class MemoryInUse(AsyncCubeError):
+    """The memory layout cannot be replaced while buffers of the old one are alive.
+
+    Attributes:
+        live: How many buffers were still alive.
+    """
+
+    def __init__(self, live: int) -> None:
+        self.live = live
+        super().__init__(
+            f"cannot replace the memory layout: {live} buffer(s) of the current layout "
+            "are still alive; drop every handle, binding and tensor of this client "
+            "(and await client.sync()) first, or open a new client with the new layout"
+        )
 
 
 class ScalarTypeError(InvalidArgument):

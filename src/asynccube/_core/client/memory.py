@@ -5,9 +5,10 @@ with their layouts (filled through the data-movement part), and the memory comma
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from ..channel.channel import Channel
+from ..config.pools import MemoryLayout
 from ..errors import BufferTooBig, InvalidArgument
 from ..html import fmt_bytes
 from ..memory.management import MemoryReport
@@ -45,6 +46,11 @@ class ClientMemory:
         self._channel = channel
         self._dispatch = dispatch
         self._movement = movement
+
+    @property
+    def server(self) -> ComputeServer:
+        """The client's server."""
+        return self._server
 
     # -- handles and tensors ------------------------------------------------------------
 
@@ -123,6 +129,21 @@ class ClientMemory:
         """See :meth:`ComputeClient.memory_cleanup`."""
         self._channel.check()
         self._dispatch.fire(self._server.memory_cleanup)
+
+    async def set_memory_layout(
+        self, layout: MemoryLayout, sync: Callable[[], Awaitable[None]]
+    ) -> None:
+        """See :meth:`ComputeClient.set_memory_layout` (``sync``: the client's)."""
+        self._channel.check()
+        if not isinstance(layout, MemoryLayout):
+            raise InvalidArgument(
+                f"layout must be a MemoryLayout (ac.MemoryLayout([ac.MemoryPool(...), ...])), "
+                f"got {layout!r}"
+            )
+        await sync()  # the work queued so far finishes (and drops its buffers) first
+        channel = self._channel
+        server = self._server
+        await channel.request(channel.call, StreamId.current(), server.set_memory_layout, layout)
 
     def allocation_mode(self, mode: MemoryAllocationMode) -> None:
         """See :meth:`ComputeClient.allocation_mode`."""

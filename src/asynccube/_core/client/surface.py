@@ -10,8 +10,10 @@ compose several parts.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
+from ..config.pools import MemoryLayout
 from ..memory.management import MemoryReport
 from ..profiling.records import ProfileSummary
 from ..values.types import (
@@ -32,6 +34,13 @@ class ClientSurface:
     _memory: ClientMemory
     _profiler: ClientProfiler
     profile_summary: ProfileSummary
+    sync: Callable[[], asyncio.Future[None]]
+
+    @property
+    def dry_run(self) -> bool:
+        """True for a dry run's client (``open_client(device, dry_run=True)``): launches
+        are recorded, not run; memory is accounted, not mapped; reads give zeros."""
+        return bool(getattr(self._memory.server, "dry_run", False))
 
     # -- memory (the memory part) --------------------------------------------------------
 
@@ -46,6 +55,20 @@ class ClientSurface:
     def memory_cleanup(self) -> None:
         """Release memory nothing uses."""
         self._memory.memory_cleanup()
+
+    async def set_memory_layout(self, layout: MemoryLayout) -> None:
+        """Replace the memory pools in place: the work queued so far finishes, every pool
+        is emptied and its pages given back to the device (or host), then ``layout``'s
+        pools serve every later allocation.
+
+        Raises:
+            MemoryInUse: buffers of this client are still alive (nothing is changed):
+                drop them first, or open a new client with the layout.
+            InvalidArgument: ``layout`` is not a :class:`~asynccube.MemoryLayout`.
+            MemoryLayoutError: the layout does not fit this device (a sliced pool's cap
+                below one page once aligned).
+        """
+        await self._memory.set_memory_layout(layout, self.sync)
 
     def allocation_mode(self, mode: MemoryAllocationMode) -> None:
         """Switch which pools new allocations come from (AUTO or PERSISTENT)."""

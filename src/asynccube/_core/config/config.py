@@ -26,10 +26,16 @@ Example ``asynccube.toml`` (every key shown with its default)::
     logging = "disabled"      # "disabled" | "basic" | "full"
 
     [memory]
-    pool = "default"          # "default" | "exclusive"
+    pool = "default"          # "default" | "exclusive"; unless [[memory.pools]] lists pools
     persistent_memory = "enabled"   # "enabled" | "disabled" | "enforced"
     host_limit_bytes = 0      # host server's largest allocation; 0: physical memory
     logging = "disabled"      # "disabled" | "basic" | "full"
+
+    [[memory.pools]]          # optional, repeated: the pools, in routing order
+    kind = "sliced"           # "sliced" | "exclusive" | "persistent" | "direct"
+    max_slice = 262144        # the largest request the pool accepts (bytes)
+    page_size = 2097152       # sliced pools only
+    max_total = 67108864      # optional cap; a full pool spills to the next that fits
 
     [autotune]
     level = "balanced"        # "minimal" | "balanced" | "extensive" | "full"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MemoryLayoutError
 from ..html import html_table
 from .schema import (
     _SECTIONS,
@@ -269,10 +269,11 @@ def _parse(
     parser: Parser = fld.metadata["parse"]
     try:
         return parser(raw, from_env, base)
-    except _BadValue as bad:
+    except (_BadValue, MemoryLayoutError) as bad:
         shown = repr(raw) if from_env else format_value(raw)
         sep = "=" if from_env else " = "
-        raise ConfigError(f"{where}{sep}{shown}: expected {bad.expected}") from None
+        expected = bad.expected if isinstance(bad, _BadValue) else f"a valid pool layout ({bad})"
+        raise ConfigError(f"{where}{sep}{shown}: expected {expected}") from None
 
 
 def _env_target(name: str) -> tuple[str, str] | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ..values.types import ExecutionMode
+from .pools import MemoryPool, parse_pools, pools_toml
 
 __all__ = [
     "AsyncCubeConfig",
@@ -81,7 +82,8 @@ class StreamPriority(enum.StrEnum):
 
 
 class PoolPreset(enum.StrEnum):
-    """How memory pools are laid out (cubecl's ``MemoryConfiguration``)."""
+    """How memory pools are laid out (cubecl's ``MemoryConfiguration``), unless
+    ``[[memory.pools]]`` lists the pools."""
 
     DEFAULT = "default"
     """Sliced pages for small buffers, exclusive pages for large ones."""
@@ -183,6 +185,10 @@ def _parse_path(raw: object, from_env: bool, base: Path) -> object:
     return path if path.is_absolute() else base / path
 
 
+def _parse_pools(raw: object, from_env: bool, base: Path) -> object:
+    return parse_pools(raw, from_env)  # MemoryLayoutError: "expected a valid pool layout"
+
+
 def _choice(members: tuple[enum.Enum, ...]) -> Parser:
     by_text = {_enum_text(m): m for m in members}
     expected = "one of " + ", ".join(json.dumps(t) for t in by_text)
@@ -252,7 +258,9 @@ class MemoryConfig:
     """``[memory]``: pool layout, the persistent pool, and logging.
 
     Attributes:
-        pool: Pool preset.
+        pool: Pool preset, used when ``pools`` is empty.
+        pools: The pools, in routing order (``[[memory.pools]]`` tables, see
+            :class:`~asynccube.MemoryPool`); empty: the ``pool`` preset.
         persistent_memory: Persistent pool policy.
         host_limit_bytes: The host server's largest single allocation, in bytes; a
             larger request raises ``BufferTooBig`` at the call. ``0`` (the default):
@@ -261,6 +269,7 @@ class MemoryConfig:
     """
 
     pool: PoolPreset = field(default=PoolPreset.DEFAULT, metadata=_meta(_choice(tuple(PoolPreset))))
+    pools: tuple[MemoryPool, ...] = field(default=(), metadata=_meta(_parse_pools))
     persistent_memory: PersistentMemory = field(
         default=PersistentMemory.ENABLED, metadata=_meta(_choice(tuple(PersistentMemory)))
     )
@@ -405,4 +414,8 @@ def format_value(value: object) -> str:
         return json.dumps(str(value))
     if isinstance(value, dict):
         return "a table"
+    if isinstance(value, tuple) and all(isinstance(v, MemoryPool) for v in value):
+        return pools_toml(value)
+    if isinstance(value, list | tuple):
+        return json.dumps(value, default=repr)
     return repr(value)

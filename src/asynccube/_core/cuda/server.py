@@ -31,6 +31,7 @@ everything in the context, including CuPy's or PyTorch's allocations in this pro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections import deque
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ..channel.backend import run_blocking
 from ..channel.held import HeldErrors
 from ..config.logging import ServerLogger
+from ..config.pools import MemoryLayout
 from ..errors import CudaDriverError, DeviceError
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
 from ..memory.slice import SliceHandle
@@ -118,6 +120,7 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps, ForeignOps):
             self._storage, memory, owner_id=self._table.queue.owner_id
         )
         self._memory.before_grow = self._release_dropped
+        self._fit_max_allocation()
         self._events = EventPool()
         self._timing = EventPool(int(cu().CUevent_flags.CU_EVENT_BLOCKING_SYNC))
         self._backend = CudaBackend(self._events, _priority(priority))
@@ -224,6 +227,22 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps, ForeignOps):
         """Usage, pages and peaks of each device memory pool."""
         self._collect()
         return self._memory.report()
+
+    def set_memory_layout(self, layout: MemoryLayout, stream: StreamId) -> None:
+        """Empty the pools, give their pages back to the driver (the driver's pool is
+        trimmed by the helper thread), and use ``layout`` from now on (the client has
+        waited for the queued work); MemoryInUse while buffers are alive."""
+        self._collect()
+        self._memory.replace(MemoryConfig.from_layout(layout))
+        self._fit_max_allocation()
+        if self._janitor is None:
+            self._janitor = ThreadPoolExecutor(1, thread_name_prefix="asynccube-janitor")
+        self._janitor.submit(self._trim_pools)
+
+    def _fit_max_allocation(self) -> None:
+        """The properties' largest allocation: the device's, within the layout's."""
+        limit = self._memory.max_allocation
+        self._props = dataclasses.replace(self._props, max_allocation=limit)
 
 
 def _priority(name: str) -> int:

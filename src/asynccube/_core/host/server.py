@@ -8,6 +8,7 @@ slice is never reused while a queued task may still touch it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ import numpy.typing as npt
 
 from ..channel.held import HeldErrors
 from ..config.logging import ServerLogger
+from ..config.pools import MemoryLayout
 from ..errors import InvalidHandle, ProfileError
 from ..memory import MemoryConfig, MemoryManagement, MemoryReport
 from ..memory.config import with_host_limit
@@ -84,9 +86,9 @@ class HostServer(HostForeign, SliceServer[_Bound]):
         recorder: KernelRecorder | None = None,
     ) -> None:
         self._table: SliceTable[_Bound] = SliceTable()
-        self._memory: MemoryManagement[View] = MemoryManagement(
-            BytesStorage(), with_host_limit(memory), owner_id=self._table.queue.owner_id
-        )
+        memory = with_host_limit(memory)
+        self._host_limit = memory.max_allocation
+        self._memory: MemoryManagement[View] = self._manager(memory)
         self._backend = HostBackend()
         self._streams: MultiStream[HostStream, threading.Event] = MultiStream(
             self._backend, max_streams, logger if logger is not None else ServerLogger()
@@ -117,6 +119,11 @@ class HostServer(HostForeign, SliceServer[_Bound]):
         return self._properties
 
     # -- allocation ---------------------------------------------------------------
+
+    def _manager(self, memory: MemoryConfig) -> MemoryManagement[View]:
+        """The memory manager, over the pages of numpy arrays (a dry run's server has
+        one that maps nothing)."""
+        return MemoryManagement(BytesStorage(), memory, owner_id=self._table.queue.owner_id)
 
     def _allocate(self, size: int) -> _Bound:
         memory = self._memory.reserve(size)
@@ -332,6 +339,14 @@ class HostServer(HostForeign, SliceServer[_Bound]):
     def allocation_mode(self, mode: MemoryAllocationMode, stream: StreamId) -> None:
         """Switch between the auto and persistent pools."""
         self._memory.mode(mode)
+
+    def set_memory_layout(self, layout: MemoryLayout, stream: StreamId) -> None:
+        """Empty the pools, give their pages back, and use ``layout`` from now on (the
+        client has waited for the queued work); MemoryInUse while buffers are alive."""
+        self._release_dropped()
+        self._memory.replace(MemoryConfig.from_layout(layout, self._host_limit))
+        limit = self._memory.max_allocation
+        self._properties = dataclasses.replace(self._properties, max_allocation=limit)
 
     def _recorded_wait(
         self, target: HostStream, event: threading.Event, stream: StreamId, origin: int

@@ -16,6 +16,7 @@ from .config import (
 )
 from .management import MemoryManagement, MemoryReport
 from .pools import ExclusivePool, PersistentPool, PoolReport, SlicedPool
+from .report import SizeClassPeak
 from .slice import ReleaseQueue, SliceHandle
 from .storage import (
     BytesStorage,
@@ -40,6 +41,7 @@ __all__ = [
     "PoolOptions",
     "PoolReport",
     "ReleaseQueue",
+    "SizeClassPeak",
     "SliceHandle",
     "SlicedPages",
     "SlicedPool",

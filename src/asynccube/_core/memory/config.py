@@ -15,11 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from ..config.pools import MemoryLayout, MemoryPool, PoolKind
+
 __all__ = [
     "DEFAULT_CACHE_RATIO",
     "DEFAULT_MAX_ALLOCATION",
+    "DirectPages",
     "ExclusivePages",
     "MemoryConfig",
+    "PersistentPages",
     "PoolOptions",
     "SlicedPages",
     "physical_memory",
@@ -87,10 +91,14 @@ class SlicedPages:
         max_slice_size: The largest request accepted. Above ``page_size``, a request
             gets a page of its own rounded up to a multiple of ``page_size``, whose
             free rest serves other requests.
+        max_total: A cap on the bytes of the pool's pages (``None``: no cap).
+        initial: Bytes of pages mapped when the manager is built (whole pages).
     """
 
     page_size: int
     max_slice_size: int
+    max_total: int | None = None
+    initial: int = 0
 
     def __post_init__(self) -> None:
         _check_positive("page_size", self.page_size)
@@ -115,12 +123,14 @@ class ExclusivePages:
             request fit the next ones of a similar size; 0 rounds to the alignment only.
         max_waste: A free page is reused for a request only if it is at most this
             fraction larger than the (rounded) request; ``None`` reuses any larger page.
+        max_total: A cap on the bytes of the pool's pages (``None``: no cap).
     """
 
     max_alloc_size: int
     dealloc_period: int | None = None
     size_classes: int = 0
     max_waste: float | None = None
+    max_total: int | None = None
 
     def __post_init__(self) -> None:
         _check_positive("max_alloc_size", self.max_alloc_size, allow_zero=True)
@@ -132,8 +142,34 @@ class ExclusivePages:
             raise ValueError(f"max_waste must be >= 0, got {self.max_waste}")
 
 
-PoolOptions = SlicedPages | ExclusivePages
-"""The options of one pool."""
+@dataclass(frozen=True, slots=True)
+class DirectPages:
+    """A pool that gives each request a page of its own, released with the request.
+
+    Args:
+        max_alloc_size: The largest request this pool accepts.
+        max_total: A cap on the bytes of the pool's pages (``None``: no cap).
+    """
+
+    max_alloc_size: int
+    max_total: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PersistentPages:
+    """The persistent pool's options (exact sizes, for the persistent windows).
+
+    Args:
+        max_alloc_size: The largest request it accepts (larger ones go to the others).
+        max_total: A cap on the bytes of its pages (``None``: no cap).
+    """
+
+    max_alloc_size: int
+    max_total: int | None = None
+
+
+PoolOptions = SlicedPages | ExclusivePages | DirectPages
+"""The options of one routed pool."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +192,9 @@ class MemoryConfig:
         persistent_size_match: Outside persistent windows, also serve a request from
             the persistent pool when it holds a free slice of exactly that size (cubecl's
             ``PersistentMemory::SizeMatch``).
+        persistent: The persistent pool's options (``None``: uncapped, up to
+            ``max_allocation``).
+        layout: The public layout this config was built from (``None`` for a preset).
     """
 
     preset: str = "default"
@@ -163,6 +202,8 @@ class MemoryConfig:
     max_allocation: int | None = None
     cache_ratio: float | None = None
     persistent_size_match: bool = False
+    persistent: PersistentPages | None = None
+    layout: MemoryLayout | None = None
 
     def __post_init__(self) -> None:
         if self.preset not in ("default", "exclusive_pages", "custom"):
@@ -202,6 +243,22 @@ class MemoryConfig:
         """Exactly the pools given, in routing order."""
         return cls("custom", tuple(pools), max_allocation, cache_ratio)
 
+    @classmethod
+    def from_layout(cls, layout: MemoryLayout, max_allocation: int | None = None) -> MemoryConfig:
+        """The config of a public :class:`MemoryLayout` (``max_allocation``: the limit
+        when the layout sets none, e.g. the host's)."""
+        persistent = layout.persistent
+        return cls(
+            "custom",
+            tuple(_options(p) for p in layout.routed),
+            layout.max_allocation if layout.max_allocation is not None else max_allocation,
+            layout.cache_ratio,
+            persistent=None
+            if persistent is None
+            else PersistentPages(persistent.max_slice, persistent.max_total),
+            layout=layout,
+        )
+
     def pool_options(self, alignment: int, max_allocation: int) -> tuple[PoolOptions, ...]:
         """The pools this config stands for, for a storage of ``alignment``."""
         if self.preset == "custom":
@@ -209,6 +266,15 @@ class MemoryConfig:
         if self.preset == "exclusive_pages":
             return _exclusive_ladder(alignment, max_allocation)
         return _sub_slices(alignment, max_allocation)
+
+
+def _options(pool: MemoryPool) -> PoolOptions:
+    if pool.kind is PoolKind.SLICED:
+        assert pool.page_size is not None
+        return SlicedPages(pool.page_size, pool.max_slice, pool.max_total, pool.initial)
+    if pool.kind is PoolKind.DIRECT:
+        return DirectPages(pool.max_slice, pool.max_total)
+    return ExclusivePages(pool.max_slice, pool.dealloc_period, max_total=pool.max_total)
 
 
 def _check_positive(name: str, value: int, *, allow_zero: bool = False) -> None:

@@ -9,7 +9,7 @@ from typing import Final
 from .pages import FREE, NO_LIMIT, Page, PoolBase, Slice, SliceBuckets
 from .storage import ComputeStorage
 
-__all__ = ["ExclusivePool", "PersistentPool"]
+__all__ = ["DirectPool", "ExclusivePool", "PersistentPool"]
 
 _IDLE_CHECKS: Final = 5
 """Exclusive pages are checked this many times per dealloc period (cubecl's count)."""
@@ -155,3 +155,49 @@ class PersistentPool(ExclusivePool):
     def has_size(self, size: int) -> bool:
         """True if a free slice of exactly ``size``'s aligned size is held."""
         return bool(self._free.get(self.extent(size)))
+
+
+class DirectPool(PoolBase):
+    """One storage allocation per slice, given back as soon as the slice is released
+    (nothing cached). ``storage`` is where released pages go back to.
+    """
+
+    kind = "direct"
+    check_period = None
+
+    def __init__(
+        self,
+        max_alloc_size: int,
+        alignment: int,
+        storage: ComputeStorage[object],
+        registry: dict[int, Slice] | None = None,
+        ids: Iterator[int] | None = None,
+    ) -> None:
+        super().__init__(max_alloc_size, alignment, registry, ids)
+        self._storage = storage
+
+    def page_size_for(self, size: int) -> int:
+        """The page allocated for a request of ``size`` bytes: its aligned size."""
+        return self.extent(size)
+
+    def try_reserve(self, size: int) -> Slice | None:
+        """Always ``None``: a direct pool keeps no free page."""
+        return None
+
+    def release(self, sl: Slice) -> None:
+        """Give the slice's page back to the storage at once."""
+        self._kill(sl)
+        self._drop_page(self._storage, sl.page)
+
+    def alloc(self, storage: ComputeStorage[object], size: int) -> Slice:
+        """Allocate a page of the request's aligned size."""
+        page = self._new_page(storage, self.extent(size))
+        sl = self._new_slice(page, 0, page.handle.size, size)
+        page.head = sl
+        return sl
+
+    def tick(self, storage: ComputeStorage[object], alloc_count: int) -> None:
+        """Nothing to do: no page is ever kept free."""
+
+    def cleanup(self, storage: ComputeStorage[object], alloc_count: int, explicit: bool) -> None:
+        """Nothing to do: no page is ever kept free."""

@@ -65,12 +65,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Final, Generic, TypeVar
 
-from ..errors import BufferTooBig, InvalidArgument, InvalidHandle, OutOfMemory
+from ..errors import BufferTooBig, InvalidArgument, InvalidHandle, MemoryInUse, OutOfMemory
 from ..values.types import MemoryAllocationMode, MemoryUsage
 from .config import DEFAULT_MAX_ALLOCATION, MemoryConfig
-from .pools import PersistentPool, Pool, Slice
+from .growth import Growth
+from .pools import Pool, Slice
 from .report import MemoryReport
-from .routing import build_pool, routing, tick_period
+from .routing import build_persistent, build_pool, routing, tick_period
 from .slice import ReleaseQueue, SliceHandle
 from .storage import ComputeStorage, StorageHandle, StorageOutOfMemory
 
@@ -81,7 +82,7 @@ R = TypeVar("R")
 logger = logging.getLogger("asynccube.memory")
 
 
-class MemoryManagement(Generic[R]):
+class MemoryManagement(Growth, Generic[R]):
     """Reserves slices of storage pages and takes them back when their handles die.
 
     Args:
@@ -98,7 +99,7 @@ class MemoryManagement(Generic[R]):
     """
 
     __slots__ = (
-        "_alloc_calls", "_cache_ratio", "_cap", "_first_limit", "_first_pool", "_limits",
+        "_alloc_calls", "_cache_ratio", "_cap", "_first_limit", "_first_pool", "_ids", "_limits",
         "_next_check", "_pending", "_persistent_depth", "_routes", "_slices", "_tick",
         "_use_persistent", "alignment", "before_grow", "closed", "config", "max_allocation",
         "persistent_pool", "pools", "queue", "storage",
@@ -107,36 +108,72 @@ class MemoryManagement(Generic[R]):
     def __init__(
         self, storage: ComputeStorage[R], config: MemoryConfig | None = None, *, owner_id: int
     ) -> None:
-        config = MemoryConfig.default() if config is None else config
-        self.storage = storage
-        self.config = config
+        self.storage: ComputeStorage[R] = storage
         self.alignment: Final = storage.alignment
         self.queue: Final = ReleaseQueue(owner_id)
         self._pending = self.queue._queue
         self._slices: dict[int, Slice] = {}
-        ids = itertools.count(1)
-        self.pools: list[Pool] = [
-            build_pool(o, self.alignment, self._slices, ids)
-            for o in config.pool_options(self.alignment, self._limit())
-        ]
-        self.max_allocation: int = min(self._limit(), max(p.max_alloc_size for p in self.pools))
-        self._cap = self.max_allocation
-        self.persistent_pool = PersistentPool(
-            self.max_allocation, self.alignment, self._slices, ids
-        )
-        self._limits, self._routes = routing(self.pools)
-        self._first_limit, self._first_pool = self._limits[0], self._routes[0]
+        self._ids = itertools.count(1)
         self._alloc_calls = 0
         self._persistent_depth = 0
-        self._use_persistent = config.persistent_size_match
-        self._cache_ratio = config.cache_ratio
-        self._tick = tick_period(self.pools)
-        self._next_check = self._tick
+        self._build(MemoryConfig.default() if config is None else config)
         self.closed = False
         self.before_grow: Callable[[], object] | None = None
         """Called before a pool grows by a page: a server releases there what handles
         dropped since its last collection held, so that a slice they freed is reused
         instead of a new page (a page of hundreds of MiB costs milliseconds)."""
+
+    def _build(self, config: MemoryConfig) -> None:
+        """Build the pools of ``config`` (their initial pages mapped) and the routes."""
+        self.config = config
+        ids = self._ids
+        self.pools: list[Pool] = []
+        try:
+            for options in config.pool_options(self.alignment, self._limit()):
+                pool = build_pool(options, self.alignment, self._slices, ids, self.storage)
+                self.pools.append(pool)
+        except StorageOutOfMemory as exc:
+            for built in self.pools:
+                built.release_all(self.storage)
+            raise OutOfMemory(exc.size, self.bytes_reserved, exc.detail) from exc
+        self.max_allocation: int = min(self._limit(), max(p.max_alloc_size for p in self.pools))
+        self._cap = self.max_allocation
+        self.persistent_pool = build_persistent(
+            config.persistent, self.max_allocation, self.alignment, self._slices, ids
+        )
+        self._limits, self._routes = routing(self.pools)
+        self._first_limit, self._first_pool = self._limits[0], self._routes[0]
+        self._use_persistent = bool(self._persistent_depth) or config.persistent_size_match
+        self._cache_ratio = config.cache_ratio
+        self._tick = tick_period(self.pools)
+        self._next_check = self._alloc_calls + self._tick
+
+    def live_slices(self) -> int:
+        """How many slices are live (reserved and not yet released)."""
+        self._drain()
+        return sum(1 for sl in self._slices.values() if sl.used >= 0)
+
+    def replace(self, config: MemoryConfig) -> None:
+        """Empty every pool, give its pages back to the storage, and use ``config``'s
+        pools from now on.
+
+        Raises:
+            MemoryInUse: slices are still live (nothing is changed).
+            InvalidHandle: the manager is closed.
+        """
+        if self.closed:
+            raise InvalidHandle("the memory manager is closed; open a new client")
+        live = self.live_slices()
+        if live:
+            raise MemoryInUse(live)
+        old = self.config
+        for pool in self._all_pools():
+            pool.release_all(self.storage)
+        try:
+            self._build(config)
+        except BaseException:
+            self._build(old)
+            raise
 
     def __repr__(self) -> str:
         return (
@@ -213,48 +250,12 @@ class MemoryManagement(Generic[R]):
 
     def _reserve_persistent(self, size: int) -> Slice:
         persistent = self.persistent_pool
-        if self._persistent_depth or persistent.has_size(size):
+        if size > persistent.max_alloc_size:
+            pass  # beyond the persistent pool's max_slice: the ordinary pools serve it
+        elif self._persistent_depth or persistent.has_size(size):
             return persistent.try_reserve(size) or self._grow(persistent, size)
         pool = self._routes[bisect_left(self._limits, size)]
         return pool.try_reserve(size) or self._grow(pool, size)
-
-    def _grow(self, pool: Pool, size: int) -> Slice:
-        if self.before_grow is not None:
-            self.before_grow()
-            self._drain()
-            sl = pool.try_reserve(size)
-            if sl is not None:
-                return sl
-        if self._cache_ratio is not None:
-            self._trim(pool.page_size_for(size))
-        try:
-            return pool.alloc(self.storage, size)
-        except StorageOutOfMemory as first:
-            logger.info("storage out of memory for %d bytes; cleaning up and retrying", size)
-            self.cleanup(explicit=True)
-            try:
-                return pool.alloc(self.storage, size)
-            except StorageOutOfMemory as exc:
-                reserved = self.bytes_reserved
-                logger.warning("out of memory: %d bytes requested, %d reserved", size, reserved)
-                raise OutOfMemory(size, reserved, exc.detail or first.detail) from exc
-
-    def _trim(self, incoming: int) -> None:
-        """Release empty pages, largest first, until those kept hold at most
-        ``cache_ratio`` of the bytes of the other pages plus ``incoming``."""
-        empty = [
-            (page.handle.size, pool, page) for pool in self.pools for page in pool.empty_pages()
-        ]
-        empty_bytes = sum(e[0] for e in empty)
-        keep = (self.bytes_reserved - empty_bytes + incoming) * (self._cache_ratio or 0.0)
-        if empty_bytes <= keep:
-            return
-        empty.sort(key=lambda e: e[0], reverse=True)
-        for page_bytes, pool, page in empty:
-            pool.drop_empty_page(self.storage, page)
-            empty_bytes -= page_bytes
-            if empty_bytes <= keep:
-                return
 
     def _periodic_cleanup(self, n: int) -> None:
         """At least every 1024 calls: exclusive pages idle for their period are released,
@@ -306,11 +307,6 @@ class MemoryManagement(Generic[R]):
         return sl is not None and sl.used >= 0
 
     # -- accounting ---------------------------------------------------------------------
-
-    @property
-    def bytes_reserved(self) -> int:
-        """Bytes of all pages held (cheap: no queue drain, no scan)."""
-        return self.persistent_pool.reserved + sum(p.reserved for p in self.pools)
 
     @property
     def alloc_calls(self) -> int:

@@ -99,6 +99,10 @@ class PoolReport:
         pages: Pages held now.
         pages_peak: The most pages held at once.
         largest_allocation: The largest live allocation, in requested bytes.
+        max_total: The pool's cap on the bytes of its pages, ``None`` when uncapped.
+        reserved_peak: The most bytes of pages the pool held at once.
+        pages_allocated: Pages the pool has taken from the storage so far (each one an
+            allocation from the device or host).
     """
 
     kind: str
@@ -108,6 +112,9 @@ class PoolReport:
     pages: int
     pages_peak: int
     largest_allocation: int
+    max_total: int | None = None
+    reserved_peak: int = 0
+    pages_allocated: int = 0
 
 
 class SliceBuckets:
@@ -160,6 +167,8 @@ class PoolBase:
     kind = "pool"
     max_alloc_size: int
     page_size: int | None = None
+    max_total: int | None = None
+    """A cap on the bytes of the pool's pages (the manager spills past it)."""
 
     def __init__(
         self,
@@ -177,6 +186,8 @@ class PoolBase:
         self.pages: dict[int, Page] = {}
         self.pages_peak = 0
         self.reserved = 0
+        self.reserved_peak = 0
+        self.pages_allocated = 0
 
     def __repr__(self) -> str:
         return (
@@ -206,6 +217,8 @@ class PoolBase:
         self.pages[page.handle.id] = page
         self.reserved += page.handle.size
         self.pages_peak = max(self.pages_peak, len(self.pages))
+        self.reserved_peak = max(self.reserved_peak, self.reserved)
+        self.pages_allocated += 1
         return page
 
     def _drop_page(self, storage: ComputeStorage[object], page: Page) -> None:
@@ -239,7 +252,23 @@ class PoolBase:
             len(self.pages),
             self.pages_peak,
             max(largest, 0),
+            self.max_total,
+            self.reserved_peak,
+            self.pages_allocated,
         )
+
+    def free_room(self, storage: ComputeStorage[object]) -> None:
+        """Give back every empty page (a capped pool makes room before it spills)."""
+        for page in self.empty_pages():
+            self.drop_empty_page(storage, page)
+
+    def empty_pages(self) -> list[Page]:
+        """The pages with no live slice."""
+        return []
+
+    def drop_empty_page(self, storage: ComputeStorage[object], page: Page) -> None:
+        """Give the empty ``page`` back to the storage."""
+        raise NotImplementedError
 
     def release_all(self, storage: ComputeStorage[object]) -> None:
         """Give every page back to the storage (the manager is closing)."""

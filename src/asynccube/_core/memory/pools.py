@@ -1,6 +1,6 @@
 """Memory pools: how pages from a storage are carved into slices.
 
-Three pools, as in cubecl-runtime:
+Four pools, as in cubecl-runtime (and a direct one):
 
 - :class:`SlicedPool` carves fixed-size pages into slices. A free slice of exactly the
   (aligned) size asked for is reused first; otherwise the smallest free slice that is
@@ -12,6 +12,8 @@ Three pools, as in cubecl-runtime:
 - :class:`ExclusivePool` gives each slice a page of its own. Free pages are reused for
   requests they fit (within ``max_waste``) and released after a period of disuse counted
   in allocation calls.
+- :class:`DirectPool` gives each slice a storage allocation of its own and gives it
+  back as soon as the slice is released (nothing cached).
 - :class:`PersistentPool` allocates each slice exactly and reuses it only for a request
   of the same aligned size (weights, caches: allocated once, kept for long).
 
@@ -30,7 +32,7 @@ persistent pools); this module gathers them.
 
 from __future__ import annotations
 
-from .exclusive import ExclusivePool, PersistentPool
+from .exclusive import DirectPool, ExclusivePool, PersistentPool
 from .pages import DEAD, FREE, Page, PoolReport, Slice
 from .sliced import _MAX_DIRTY as _MAX_DIRTY
 from .sliced import SlicedPool
@@ -38,6 +40,7 @@ from .sliced import SlicedPool
 __all__ = [
     "DEAD",
     "FREE",
+    "DirectPool",
     "ExclusivePool",
     "Page",
     "PersistentPool",
@@ -47,5 +50,5 @@ __all__ = [
     "SlicedPool",
 ]
 
-Pool = SlicedPool | ExclusivePool
+Pool = SlicedPool | ExclusivePool | DirectPool
 """Any dynamic pool."""

@@ -5,20 +5,28 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Final
 
-from .config import ExclusivePages, PoolOptions
-from .pools import ExclusivePool, Pool, Slice, SlicedPool
+from ..errors import MemoryLayoutError
+from .config import DirectPages, ExclusivePages, PersistentPages, PoolOptions, SlicedPages
+from .pools import DirectPool, ExclusivePool, PersistentPool, Pool, Slice, SlicedPool
+from .storage import ComputeStorage
 
-__all__ = ["build_pool", "routing", "tick_period"]
+__all__ = ["build_persistent", "build_pool", "routing", "tick_period"]
 
 TICK: Final = 1024
 """Allocation calls between two periodic cleanups at most."""
 
 
 def build_pool(
-    options: PoolOptions, alignment: int, registry: dict[int, Slice], ids: Iterator[int]
+    options: PoolOptions,
+    alignment: int,
+    registry: dict[int, Slice],
+    ids: Iterator[int],
+    storage: ComputeStorage[object],
 ) -> Pool:
+    """The pool ``options`` stand for, its cap set (and its initial pages mapped)."""
+    pool: Pool
     if isinstance(options, ExclusivePages):
-        return ExclusivePool(
+        pool = ExclusivePool(
             options.max_alloc_size,
             alignment,
             options.dealloc_period,
@@ -27,7 +35,40 @@ def build_pool(
             registry,
             ids,
         )
-    return SlicedPool(options.page_size, options.max_slice_size, alignment, registry, ids)
+    elif isinstance(options, DirectPages):
+        pool = DirectPool(options.max_alloc_size, alignment, storage, registry, ids)
+    else:
+        pool = SlicedPool(options.page_size, options.max_slice_size, alignment, registry, ids)
+    pool.max_total = options.max_total
+    if isinstance(pool, SlicedPool) and isinstance(options, SlicedPages):
+        if options.max_total is not None:
+            _check_cap(pool._page, options.max_total)
+        if options.initial:
+            pool.prefill(storage, options.initial)
+    return pool
+
+
+def _check_cap(page: int, cap: int) -> None:
+    if cap < page:
+        raise MemoryLayoutError(
+            f"max_total={cap} is below one page once aligned for this device ({page} "
+            "bytes); raise max_total"
+        )
+
+
+def build_persistent(
+    options: PersistentPages | None,
+    max_allocation: int,
+    alignment: int,
+    registry: dict[int, Slice],
+    ids: Iterator[int],
+) -> PersistentPool:
+    """The persistent pool (uncapped, up to ``max_allocation``, when ``options`` is None)."""
+    if options is None:
+        return PersistentPool(max_allocation, alignment, registry, ids)
+    pool = PersistentPool(min(options.max_alloc_size, max_allocation), alignment, registry, ids)
+    pool.max_total = options.max_total
+    return pool
 
 
 def routing(pools: list[Pool]) -> tuple[list[int], list[Pool]]:
@@ -44,5 +85,6 @@ def routing(pools: list[Pool]) -> tuple[list[int], list[Pool]]:
 
 
 def tick_period(pools: list[Pool]) -> int:
+    """Allocation calls between two periodic cleanups."""
     periods = [p.check_period for p in pools if isinstance(p, ExclusivePool) and p.check_period]
     return min([*periods, TICK])

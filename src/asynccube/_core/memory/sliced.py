@@ -76,6 +76,14 @@ class SlicedPool(PoolBase):
         page.head = head
         return self._split(head, size, ext)
 
+    def prefill(self, storage: ComputeStorage[object], nbytes: int) -> None:
+        """Map ``nbytes`` of pages (rounded up to whole pages) before any request."""
+        for _ in range(-(-nbytes // self._page)):
+            page = self._new_page(storage, self._page)
+            head = self._new_slice(page, 0, self._page, FREE)
+            page.head = head
+            self._buckets.add(head)
+
     def empty_pages(self) -> list[Page]:
         """The pages with no live slice (coalescing first)."""
         self.coalesce()

@@ -31,6 +31,7 @@ import numpy.typing as npt
 __all__ = [
     "BytesStorage",
     "ComputeStorage",
+    "DryStorage",
     "HostResource",
     "StorageHandle",
     "StorageOutOfMemory",
@@ -201,4 +202,49 @@ class BytesStorage:
 
     def storage_ids(self) -> Iterator[int]:
         """Ids of the live pages."""
+        return iter(list(self._pages))
+
+
+_ZERO: Final = np.zeros(1, np.uint8)
+_ZERO.flags.writeable = False
+
+
+class DryStorage:
+    """A storage that maps nothing: pages are sizes and ids, accounted like real ones
+    (a dry run's memory goes through the same pools, without using any).
+
+    ``resource`` is a read-only view of zeros of the range's size, backed by one byte.
+
+    Args:
+        alignment: The alignment of the storage it stands for (64 host, 512 CUDA).
+        max_alloc: The largest allocation of the device it stands for (None: unknown).
+    """
+
+    def __init__(self, alignment: int = 64, max_alloc: int | None = None) -> None:
+        self.alignment = alignment
+        self.max_alloc = max_alloc
+        self.allocated = 0
+        self._pages: dict[int, int] = {}
+        self._ids = itertools.count(1)
+
+    def __repr__(self) -> str:
+        return f"DryStorage(pages={len(self._pages)}, allocated={self.allocated})"
+
+    def alloc(self, size: int) -> StorageHandle:
+        """Account a page of ``size`` bytes (nothing is mapped)."""
+        sid = next(self._ids)
+        self._pages[sid] = size
+        self.allocated += size
+        return StorageHandle(sid, 0, size)
+
+    def dealloc(self, storage_id: int) -> None:
+        """Forget page ``storage_id``."""
+        self.allocated -= self._pages.pop(storage_id, 0)
+
+    def resource(self, handle: StorageHandle) -> HostResource:
+        """A read-only view of ``handle.size`` zeros (no memory behind it)."""
+        return np.broadcast_to(_ZERO, (handle.size,))
+
+    def storage_ids(self) -> Iterator[int]:
+        """Ids of the pages accounted."""
         return iter(list(self._pages))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..channel.backend import run_blocking
 from ..errors import AsyncCubeError, CudaDriverError, DeviceError, InvalidArgument
+from ..host.dry import DryRunServer
 from ..host.server import HostServer
 from ..server.protocol import ComputeServer
 
@@ -68,10 +69,14 @@ def probe_gpus() -> GpuProbe:
 
 
 async def make_server(
-    device: str | None, config: ConfigOverrides | AsyncCubeConfig | None = None
+    device: str | None,
+    config: ConfigOverrides | AsyncCubeConfig | None = None,
+    *,
+    dry_run: bool = False,
 ) -> ComputeServer:
     """The server for ``device`` (None: the first usable GPU, else the host), configured
-    from the file, the environment, then ``config`` (validated like the file)."""
+    from the file, the environment, then ``config`` (validated like the file); with
+    ``dry_run``, a :class:`DryRunServer` standing for that device."""
     from ..server.settings import load_settings
 
     if device is not None:
@@ -81,9 +86,34 @@ async def make_server(
         probe = await run_blocking(probe_gpus)
         device = "cuda:0" if probe.usable else "host"
     kind, index = parse_device(device)
+    if dry_run:
+        return await _make_dry(kind, index, settings)
     if kind == "host":
         return HostServer(**settings.host_server_options())
     return await _make_cuda(index, settings)
+
+
+async def _make_dry(kind: str, index: int, settings: Settings) -> ComputeServer:
+    """A dry run's server: the host's, or sized like GPU ``index`` (its properties,
+    alignment and memory; nothing is opened on it)."""
+    if kind == "host":
+        return DryRunServer(**settings.host_server_options())
+    try:
+        from ..cuda.driver import ALIGNMENT, device_properties
+
+        target = await run_blocking(device_properties, index)
+    except AsyncCubeError as exc:
+        if not isinstance(exc, CudaDriverError) or exc.name != "CUDA_ERROR_INVALID_DEVICE":
+            raise
+        failure: BaseException = exc
+    except Exception as exc:  # no driver library, no cuda-bindings, driver too old, ...
+        failure = exc
+    else:
+        options = settings.host_server_options()
+        options["memory"] = settings.pool_layout(target.max_allocation)
+        return DryRunServer(target=target, alignment=ALIGNMENT, **options)
+    probe = await run_blocking(probe_gpus)
+    raise cannot_open(index, probe, failure) from None
 
 
 async def _make_cuda(index: int, settings: Settings) -> ComputeServer:

@@ -14,13 +14,17 @@ from ..config.config import (
     config_keys,
     load_effective_config,
 )
+from ..errors import InvalidArgument
 from .devices import make_server, parse_device
 
 __all__ = ["connect", "open_client"]
 
 
 async def connect(
-    device: str | None = None, *, config: ConfigOverrides | AsyncCubeConfig | None = None
+    device: str | None = None,
+    *,
+    config: ConfigOverrides | AsyncCubeConfig | None = None,
+    dry_run: bool = False,
 ) -> ComputeClient:
     """Open a client on ``device`` (``"host"``, ``"cuda"``, ``"cuda:N"``; default: the
     first usable GPU, else the host). For notebooks: ``await client.close()`` later.
@@ -32,8 +36,15 @@ async def connect(
     ``config`` sets configuration values in code, over the file and the environment, as
     ``{"section": {"key": value}}`` (e.g. ``{"streaming": {"max_streams": 4}}``),
     validated like the file: an unknown key or a bad value raises ConfigError.
+
+    ``dry_run=True`` opens a dry run standing for ``device``: launches are checked and
+    recorded, not run; memory goes through the configured pools without being mapped;
+    reads give zeros. Its ``memory_report().plan()`` is a layout sized for the real run
+    (see the memory guide).
     """
     backend = current_backend("connect()")
+    if not isinstance(dry_run, bool):
+        raise InvalidArgument(f"dry_run must be True or False, got {dry_run!r}")
     if device is not None:
         parse_device(device)  # a bad device string fails before any blocking work
     if isinstance(config, AsyncCubeConfig):
@@ -42,7 +53,7 @@ async def connect(
         effective = await backend.run_sync(load_effective_config, None, None, config)
         resolved = effective.config
         from_code = frozenset(k for k, src in effective.sources.items() if src == CODE_SOURCE)
-    server = await make_server(device, resolved)
+    server = await make_server(device, resolved, dry_run=dry_run)
     batch = resolved.streaming.batch_us * 1e-6
     client = ComputeClient(server, backend.loop, batch_seconds=batch)
     client.config, client.config_from_code = resolved, from_code
@@ -51,14 +62,18 @@ async def connect(
 
 @asynccontextmanager
 async def open_client(
-    device: str | None = None, *, config: ConfigOverrides | AsyncCubeConfig | None = None
+    device: str | None = None,
+    *,
+    config: ConfigOverrides | AsyncCubeConfig | None = None,
+    dry_run: bool = False,
 ) -> AsyncIterator[ComputeClient]:
     """``async with open_client() as client:`` — a client closed when the block ends.
 
-    ``config``: configuration values set in code, as for :func:`connect`.
+    ``config``: configuration values set in code; ``dry_run``: a dry run of ``device``;
+    both as for :func:`connect`.
     Under asyncio or trio (see :func:`connect`); outside any event loop, or under
     another async library, :class:`~asynccube.UnsupportedBackend` says what is needed.
     """
-    client = await connect(device, config=config)
+    client = await connect(device, config=config, dry_run=dry_run)
     async with client:
         yield client

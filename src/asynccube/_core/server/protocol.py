@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
+from ..config.pools import MemoryLayout
 from ..memory.management import MemoryReport
 from ..profiling.records import KernelRecord
 from ..values.bindings import Bindings, CubeCount
@@ -239,6 +240,11 @@ class ComputeServer(Protocol):
     def foreign_after(self, work: ForeignWork, stream: StreamId) -> None:
         """Make ``stream`` wait, on the device, for the work ``work`` captured
         (``client.after``): what the task queues next runs after it."""
+        ...
+
+    def set_memory_layout(self, layout: MemoryLayout, stream: StreamId) -> None:
+        """Empty the pools, return their pages, and use ``layout``'s pools from now on;
+        ``MemoryInUse`` while buffers are alive."""
         ...
 
     def close(self) -> Completion[None]:

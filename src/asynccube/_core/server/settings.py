@@ -9,6 +9,7 @@ from typing import Any
 
 from ..config.config import AsyncCubeConfig, ConfigOverrides, PoolPreset, load_config
 from ..config.logging import ServerLogger
+from ..config.pools import MemoryLayout
 from ..memory import MemoryConfig as PoolLayout
 from ..profiling.records import KernelRecorder
 
@@ -26,7 +27,10 @@ class Settings:
         return ServerLogger.from_config(self.config)
 
     def pool_layout(self, max_allocation: int | None = None) -> PoolLayout:
-        """The memory pool preset (``max_allocation``: None for the storage's limit)."""
+        """The pools of ``[[memory.pools]]``, else the preset (``max_allocation``: None
+        for the storage's limit)."""
+        if self.config.memory.pools:
+            return PoolLayout.from_layout(MemoryLayout(self.config.memory.pools), max_allocation)
         if self.config.memory.pool is PoolPreset.EXCLUSIVE:
             return PoolLayout.exclusive_pages(max_allocation=max_allocation)
         return PoolLayout.default(max_allocation=max_allocation)
