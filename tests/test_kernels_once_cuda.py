@@ -46,7 +46,9 @@ async def test_math_and_division_match_numpy_on_the_gpu(dtype: str) -> None:
     async with ac.open_client("cuda:0") as gpu:
         got = await gpu.read_array(ac.elementwise(text)(gpu, x=gpu.create_array(x)))
     assert got.dtype == want.dtype
-    np.testing.assert_allclose(got, want, rtol=2e-3 if dtype == "float16" else 1e-5)
+    # float32: the GPU's expf/tanhf are a few ulp off numpy's, summed over five terms
+    rtol = {"float16": 2e-3, "float32": 1e-4}.get(dtype, 1e-9)
+    np.testing.assert_allclose(got, want, rtol=rtol)
 
 
 @pytest.mark.parametrize("n", [0, 1, 255, 256, 257, 65_537, 3_000_001])
@@ -68,7 +70,8 @@ async def test_axis_reductions_and_maps_on_the_gpu(axis: int, dtype: str) -> Non
         tx = gpu.create_array(x)
         got = await gpu.read_array(ac.reduction("sum")(gpu, x=tx, axis=axis))
         biggest = await gpu.read_array(ac.reduction("max", "x * a")(gpu, x=tx, a=2, axis=axis))
-    np.testing.assert_allclose(got, x.sum(axis=axis), rtol=1e-5)
+    # float32 partial sums are added in another order than numpy's pairwise sum
+    np.testing.assert_allclose(got, x.sum(axis=axis), rtol=1e-4 if dtype == "float32" else 0)
     np.testing.assert_array_equal(biggest, (x * 2).max(axis=axis))
 
 

@@ -9,7 +9,7 @@ the attributes torch and CuPy have long exposed (``cuda_stream``/``cuda_event``,
 At the call, the server checks it and captures the work queued on it so far
 (``capture_foreign``: an event of its own recorded now, so neither a command waiting
 in the channel's queue nor a re-recorded event moves what is waited for); bad input
-(another device, a destroyed stream; on the host server, every one) raises
+(another device, a handle the driver reports as invalid; on the host server, every one) raises
 :class:`~asynccube.ForeignStreamError` before anything is queued. Then:
 
 * ``wait`` is an awaited command, like ``sync``: its future settles through the channel's

@@ -3,7 +3,7 @@ or event, waited on without a host round trip and without blocking the loop.
 
 * ``capture_foreign`` runs at the call, on the loop thread, before anything is queued.
   It refuses (:class:`~asynccube.ForeignStreamError`, the client untouched) a stream of
-  another context (``cuStreamGetCtx``), one the driver does not know (destroyed), one
+  another context (``cuStreamGetCtx``), one the driver reports as invalid, one
   capturing a graph, an event the driver does not know, or an object declaring another
   device. Then it captures the work queued so far: an event of the server's pool
   recorded on the foreign stream; for a foreign *event*, a fresh side stream waits on it
