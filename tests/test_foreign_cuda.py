@@ -6,13 +6,9 @@ ForeignStreamError."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
