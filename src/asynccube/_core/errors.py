@@ -19,6 +19,8 @@ __all__ = [
     "CudaDriverError",
     "DLPackError",
     "DeviceError",
+    "ExclusiveAccessError",
+    "ExclusiveCallError",
     "ExecutionError",
     "GraphCaptureError",
     "GraphUpdateError",
@@ -222,3 +224,17 @@ class DLPackError(AsyncCubeError, BufferError):
     """A DLPack exchange cannot be made: memory on another device, strides or a dtype
     that cannot be expressed, read-only memory, a busy buffer, or a stream or version
     the exchange does not support; the message says which, and what to do."""
+
+
+class ExclusiveAccessError(AsyncCubeError):
+    """``client.exclusive()`` or ``client.exclusive_call()`` was misused: nested in the
+    same task, or a command that would wait for itself (a command from the callable of
+    ``exclusive_call``, or a command of another task held by the block and awaited from
+    inside it), or entered on a closed client. The message says which, and what to do;
+    the client keeps serving."""
+
+
+class ExclusiveCallError(AsyncCubeError):
+    """The callable passed to ``client.exclusive_call()`` raised: the message carries
+    its type and message, ``__cause__`` the original exception; the client keeps
+    serving (cubecl's ``exclusive`` turns a task panic into a recoverable error)."""

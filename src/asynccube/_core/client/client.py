@@ -27,9 +27,9 @@ The route of each main command, hop by hop, is in the package's docstring
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +54,7 @@ from ..values.types import (
 from . import arrays
 from .args import DataLike, _bad_execute, _items, _whole
 from .dispatch import Dispatch
+from .exclusive import exclusive, exclusive_call
 from .graph import Graph, capture, release_graphs
 from .jobs import JobThread
 from .launch import Launcher
@@ -68,6 +69,7 @@ from .transfer import to_client
 __all__ = ["ComputeClient"]
 
 _get_running_loop = asyncio._get_running_loop
+T = TypeVar("T")
 
 
 class ComputeClient(ClientSurface):
@@ -388,6 +390,34 @@ class ComputeClient(ClientSurface):
         if not isinstance(other, ComputeClient):
             raise InvalidArgument(f"to_client needs another client, got {type(other).__name__}")
         return to_client(self, handle, other)
+
+    def exclusive(self) -> AbstractAsyncContextManager[None]:
+        """``async with client.exclusive():`` runs the block with the device to itself
+        (cubecl's ``ComputeClient::exclusive``), so another library (NCCL, cuBLAS
+        through torch, a profiler) can use it without this client's work interleaving.
+
+        Entering waits for the client's turn (one block at a time, first come first
+        served), then for every command queued before it, on every stream, to complete
+        on the device (raising the errors held for this task's stream, as ``sync``).
+        Inside, the commands of the task that entered and of the tasks it starts in
+        the block run as usual; every other task's commands are held, in order, without
+        blocking the loop, and queued when the block ends, however it ends. Nesting it
+        (same task or its tasks), or awaiting from the block a command it holds, raises
+        :class:`ExclusiveAccessError`. See the guide's "Exclusive access".
+        """
+        return exclusive(self)
+
+    async def exclusive_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` in a worker thread with the device to itself (as
+        :meth:`exclusive`: after the work queued before it; other tasks' commands held
+        until it returns) and return its result; the loop keeps running meanwhile.
+
+        If ``fn`` raises, :class:`ExclusiveCallError` carries its type and message (the
+        original as ``__cause__``), and the client keeps serving. ``fn`` must not call
+        this client (nor schedule a coroutine that does): :class:`ExclusiveAccessError`.
+        The device stays exclusive until ``fn`` returns, even if the caller is cancelled.
+        """
+        return await exclusive_call(self, fn, *args)
 
     # -- lifecycle ----------------------------------------------------------------------
 
