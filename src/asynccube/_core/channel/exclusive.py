@@ -140,13 +140,13 @@ class Block:
         for fut, args in self.awaited:
             how = waited_from(fut, self)
             if how is not None:
-                self.channel._fail(fut, _deadlock(f"a command held by it, awaited {how}"),
-                                   _stream_of(args))  # fmt: skip
+                error = _deadlock("a command of another task, held by the block", how)
+                self.channel._fail(fut, error, _stream_of(args))
         waiters = [f for f in self.gate.waiters if not f.done()]
         for fut in waiters:
             how = waited_from(fut, self)
             if how is not None:
-                fut.set_exception(_deadlock(f"a task waiting to enter its own, awaited {how}"))
+                fut.set_exception(_deadlock("a task waiting to enter client.exclusive()", how))
         if self.awaited or waiters:
             self.watch()
 
@@ -273,12 +273,12 @@ def _futures_in(callback: Callable[..., Any]) -> Iterator[asyncio.Future[Any]]:
             yield value
 
 
-def _deadlock(what: str) -> ExclusiveAccessError:
+def _deadlock(what: str, how: str) -> ExclusiveAccessError:
     return ExclusiveAccessError(
-        f"client.exclusive() deadlock: {what} from inside the block (by the task that "
-        "entered it or a task it started there), would wait for the block to end, "
-        "which waits for it. Commands of other tasks are held until the block ends: "
-        "await them after the block, or issue them from the block's own task"
+        f"client.exclusive() would deadlock: {what} is awaited from inside the block "
+        f"({how}); it waits for the block to end, and the block waits for it. Commands "
+        "of other tasks are held until the block ends: await them after the block, or "
+        "issue them from the block's own task (or a task started inside the block)"
     )
 
 
