@@ -168,9 +168,7 @@ async def test_the_block_is_released_however_it_ends(client: ac.ComputeClient, h
         tg.start_soon(other)
         if how == "raise":
             with pytest.raises(KeyError):
-                async with client.exclusive():
-                    await other.start()
-                    raise KeyError("inside")
+                await _raise_inside(client, other)
         else:
             with anyio.move_on_after(0.05) as scope:
                 async with client.exclusive():
@@ -182,6 +180,12 @@ async def test_the_block_is_released_however_it_ends(client: ac.ComputeClient, h
     assert other.got == [[NEW]]
     async with client.exclusive():  # the turn was given back
         assert await client.read([h]) == [NEW]
+
+
+async def _raise_inside(client: ac.ComputeClient, other: Other) -> None:
+    async with client.exclusive():
+        await other.start()
+        raise KeyError("inside")
 
 
 async def test_blocks_take_turns_in_the_order_they_asked(client: ac.ComputeClient) -> None:
@@ -280,8 +284,7 @@ async def test_exclusive_call_runs_off_the_loop_with_the_device_to_itself(
         tg.start_soon(other)
         tg.start_soon(call)
         with anyio.fail_after(5):
-            while not in_fn.is_set():
-                await anyio.sleep(0.001)
+            await anyio.to_thread.run_sync(in_fn.wait)
         await other.start()
         await anyio.sleep(0.02)  # the loop runs while fn does
         assert other.got == []
