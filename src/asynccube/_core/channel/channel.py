@@ -43,7 +43,7 @@ from .held import HeldErrors
 from .settle import PRUNE_AT, Op, Settling
 
 if TYPE_CHECKING:
-    from .exclusive import Block, Gate
+    from .exclusive import Block, Gate  # they set _exclusive, and add their guard
 
 __all__ = ["BATCH_SECONDS", "Channel", "State"]
 
@@ -244,17 +244,6 @@ class Channel(Settling):
             self.guard = functools.partial(_all_guards, guards)
         else:
             self.guard = guards[0] if guards else None
-
-    def begin_exclusive(self, block: Block) -> None:
-        """Make ``block`` the active exclusive block (it holds other scopes' commands)."""
-        self._exclusive = block
-        self.add_guard(block.guard)
-
-    def end_exclusive(self, block: Block) -> None:
-        """``block`` ended: commands are no longer held."""
-        if self._exclusive is block:
-            self._exclusive = None
-        self.remove_guard(block.guard)
 
     def queue_held(self, held: Iterable[tuple[Op, tuple[Any, ...]]]) -> None:
         """Queue commands an exclusive block held, in order, for the actor."""

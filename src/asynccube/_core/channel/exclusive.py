@@ -109,7 +109,9 @@ class Block:
             return
         self.active = False
         channel = self.channel
-        channel.end_exclusive(self)
+        if channel._exclusive is self:
+            channel._exclusive = None
+        channel.remove_guard(self.guard)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -173,7 +175,8 @@ class Gate:
             self._next()
             raise channel.unusable()
         block = self.active = Block(channel, self)
-        channel.begin_exclusive(block)
+        channel._exclusive = block
+        channel.add_guard(block.guard)
         return block
 
     def leave(self, block: Block) -> None:

@@ -393,30 +393,20 @@ class ComputeClient(ClientSurface):
 
     def exclusive(self) -> AbstractAsyncContextManager[None]:
         """``async with client.exclusive():`` runs the block with the device to itself
-        (cubecl's ``ComputeClient::exclusive``), so another library (NCCL, cuBLAS
-        through torch, a profiler) can use it without this client's work interleaving.
-
-        Entering waits for the client's turn (one block at a time, first come first
-        served), then for every command queued before it, on every stream, to complete
-        on the device (raising the errors held for this task's stream, as ``sync``).
-        Inside, the commands of the task that entered and of the tasks it starts in
-        the block run as usual; every other task's commands are held, in order, without
-        blocking the loop, and queued when the block ends, however it ends. Nesting it
-        (same task or its tasks), or awaiting from the block a command it holds, raises
-        :class:`ExclusiveAccessError`. See the guide's "Exclusive access".
-        """
+        (cubecl's ``exclusive``), e.g. for another library: entering waits for the
+        client's turn and for the work queued before it to complete on the device;
+        inside, the block's task (and the tasks it starts there) runs as usual while
+        every other task's commands are held, without blocking the loop, until the
+        block ends however it ends. Misuse raises :class:`ExclusiveAccessError`. See
+        the guide, "Exclusive access"."""
         return exclusive(self)
 
     async def exclusive_call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` in a worker thread with the device to itself (as
-        :meth:`exclusive`: after the work queued before it; other tasks' commands held
-        until it returns) and return its result; the loop keeps running meanwhile.
-
-        If ``fn`` raises, :class:`ExclusiveCallError` carries its type and message (the
-        original as ``__cause__``), and the client keeps serving. ``fn`` must not call
-        this client (nor schedule a coroutine that does): :class:`ExclusiveAccessError`.
-        The device stays exclusive until ``fn`` returns, even if the caller is cancelled.
-        """
+        """``fn(*args)`` run in a worker thread with the device to itself (as
+        :meth:`exclusive`, until ``fn`` returns, even if the caller is cancelled); its
+        result. If ``fn`` raises, :class:`ExclusiveCallError` carries its message (the
+        original as ``__cause__``) and the client keeps serving; ``fn`` must not call
+        this client (:class:`ExclusiveAccessError`)."""
         return await exclusive_call(self, fn, *args)
 
     # -- lifecycle ----------------------------------------------------------------------
