@@ -155,7 +155,7 @@ async def test_the_loop_runs_while_commands_are_held(client: ac.ComputeClient) -
             await other.start()
             start = ticks
             await anyio.sleep(0.05)
-            assert ticks - start >= 10, "the loop stalled while commands were held"
+            assert ticks - start >= 3, "the loop stalled while commands were held"
         stop = True
     assert other.got == [[NEW]]
 
@@ -213,7 +213,7 @@ async def test_a_task_cancelled_while_waiting_for_its_turn_gives_it_up(
     async def first() -> None:
         async with client.exclusive():
             entered.set()
-            await anyio.sleep(0.03)
+            await anyio.sleep(0.1)
             order.append("first")
 
     async def cancelled() -> None:
@@ -318,8 +318,14 @@ async def test_a_cancelled_exclusive_call_keeps_the_device_until_fn_returns(
         in_fn.set()
         release.wait(5)
 
-    with anyio.move_on_after(0.02):
+    async def call() -> None:
         await client.exclusive_call(fn)
+        pytest.fail("not cancelled")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await anyio.to_thread.run_sync(in_fn.wait, 5)
+        tg.cancel_scope.cancel()  # while fn runs
     assert in_fn.is_set()
     read = client.read([h])  # held: fn still has the device
     await anyio.sleep(0.02)
