@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -264,12 +265,31 @@ async def test_a_waiting_block_does_not_stall_the_loop(host_client: ac.ComputeCl
     release = threading.Event()
     call = asyncio.create_task(client.exclusive_call(release.wait, 5))
     await asyncio.sleep(0.01)
-    reads = [client.read([client.create(b"x")]) for _ in range(50)]  # all held
-    await asyncio.sleep(0.03)
-    assert not any(r.done() for r in reads)
+    h = client.create(b"x")
+    reads: list[asyncio.Future[list[bytes]]] = []
+
+    async def reader() -> None:  # a task of its own per read: each is looked at
+        fut = client.read([h])
+        reads.append(fut)
+        await fut
+
+    tasks = []
+    for _ in range(20):  # 2000 held reads, awaited by 2000 tasks
+        tasks += [asyncio.create_task(reader()) for _ in range(100)]
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.05)  # several looks at them all
+    assert len(reads) == 2000 and not any(r.done() for r in reads)
+    block = client._channel._exclusive  # one look is bounded (2000 walks: ~10 ms)
+    assert block is not None and block._timer is not None
+    block._timer.cancel()
+    block._timer = None
+    start = time.perf_counter()
+    block._look()
+    assert time.perf_counter() - start < 0.004
     release.set()
     assert await call is True
-    assert await asyncio.gather(*reads) == [[b"x"]] * 50
+    await asyncio.gather(*tasks)
+    assert {tuple(r.result()) for r in reads} == {(b"x",)}
     assert await probe.stop() <= MAX_LAG_SECONDS, probe.culprit
 
 

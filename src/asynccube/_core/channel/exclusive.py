@@ -17,13 +17,15 @@ Deadlocks: an awaited command held by the block settles after the block ends; if
 block's scope waits for it (awaits it, or a task or a gather that awaits it), nothing
 would ever end. While held awaitables exist, a timer walks who waits for each
 (:func:`waited_from`: asyncio's done callbacks, trio's parked tasks) and fails the
-ones the block's scope waits for with :class:`~.errors.ExclusiveAccessError`.
+ones the block's scope waits for with :class:`~.errors.ExclusiveAccessError`; each look
+takes at most ``LOOK_S`` of the loop, a long list is looked at over several.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -38,13 +40,15 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .settle import Op
 
-__all__ = ["CHECK_S", "SCOPE", "Block", "CallScope", "Gate", "waited_from"]
+__all__ = ["CHECK_S", "LOOK_S", "SCOPE", "Block", "CallScope", "Gate", "waited_from"]
 
 SCOPE: ContextVar[object | None] = ContextVar("asynccube_exclusive", default=None)
 """The exclusive scope of the calling context: a :class:`Block`, a :class:`CallScope`,
 or None (a stale value, of a block that ended, counts as none)."""
 CHECK_S = 0.005
 """Seconds between two looks for a held awaitable the block waits for."""
+LOOK_S = 0.0005
+"""The most seconds of the loop one look takes (many held awaitables take several)."""
 _WALK_LIMIT = 10_000
 """The most futures one look visits from one held awaitable."""
 
@@ -63,7 +67,7 @@ class CallScope:
 class Block:
     """One exclusive block of a channel, active from entry to release."""
 
-    __slots__ = ("_timer", "active", "awaited", "call_scope", "channel", "gate", "held")
+    __slots__ = ("_cursor", "_timer", "active", "awaited", "call_scope", "channel", "gate", "held")
 
     def __init__(self, channel: Channel, gate: Gate) -> None:
         self.channel = channel
@@ -75,6 +79,8 @@ class Block:
         """The held commands that settle a future (its args too: the stream)."""
         self.call_scope = CallScope(self)
         self._timer: asyncio.TimerHandle | None = None
+        self._cursor = 0
+        """Where the next look starts in ``awaited`` (a long list takes several)."""
 
     def hold(self, op: Op, args: tuple[Any, ...]) -> bool:
         """Hold ``op(*args)`` unless it comes from the block's scope (True: held). A
@@ -135,22 +141,32 @@ class Block:
             self._timer = self.channel.loop.call_later(CHECK_S, self._look)
 
     def _look(self) -> None:
+        """Look at the held awaitables (and the tasks waiting for a turn) from where
+        the last look stopped, for at most LOOK_S of the loop's time."""
         self._timer = None
         if not self.active:
             return
-        self.awaited = [(f, a) for f, a in self.awaited if not f.done()]
-        for fut, args in self.awaited:
-            how = waited_from(fut, self)
+        if self._cursor == 0:  # a new round: drop what was settled meanwhile
+            self.awaited = [(f, a) for f, a in self.awaited if not f.done()]
+            self._look_at_waiters()
+        end = time.perf_counter() + LOOK_S
+        awaited, at = self.awaited, self._cursor
+        while at < len(awaited) and time.perf_counter() < end:
+            fut, args = awaited[at]
+            at += 1
+            how = None if fut.done() else waited_from(fut, self)
             if how is not None:
                 error = _deadlock("a command of another task, held by the block", how)
                 self.channel._fail(fut, error, _stream_of(args))
-        waiters = [f for f in self.gate.waiters if not f.done()]
-        for fut in waiters:
+        self._cursor = 0 if at >= len(awaited) else at
+        if awaited or self.gate.waiters:
+            self.watch()
+
+    def _look_at_waiters(self) -> None:
+        for fut in [f for f in self.gate.waiters if not f.done()]:
             how = waited_from(fut, self)
             if how is not None:
                 fut.set_exception(_deadlock("a task waiting to enter client.exclusive()", how))
-        if self.awaited or waiters:
-            self.watch()
 
 
 class Gate:
