@@ -230,8 +230,8 @@ class ExclusiveAccessError(AsyncCubeError):
     """``client.exclusive()`` or ``client.exclusive_call()`` was misused: nested in the
     same task, or a command that would wait for itself (a command from the callable of
     ``exclusive_call``, or a command of another task held by the block and awaited from
-    inside it), or entered on a closed client. The message says which, and what to do;
-    the client keeps serving."""
+    inside it). The message says which, and what to do; the client keeps serving (on a
+    closed client both raise :class:`ClientClosedError`)."""
 
 
 class ExclusiveCallError(AsyncCubeError):
