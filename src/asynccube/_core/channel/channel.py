@@ -23,7 +23,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import (
     AsyncCubeError,
@@ -38,12 +38,9 @@ from .backend import backend_of
 from .closing import State, begin_close, die
 from .closing import awaited as _awaited
 from .completion import CompletionWatcher
-from .exclusive import SCOPE
+from .exclusive import SCOPE, Block, Gate
 from .held import HeldErrors
 from .settle import PRUNE_AT, Op, Settling
-
-if TYPE_CHECKING:
-    from .exclusive import Block, Gate  # they set _exclusive, and add their guard
 
 __all__ = ["BATCH_SECONDS", "Channel", "State"]
 

@@ -27,20 +27,19 @@ import asyncio
 import functools
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import ExclusiveAccessError
+from ..errors import AsyncCubeError, ExclusiveAccessError
 from ..values.stream_id import StreamId
 from .closing import State
 from .closing import _close as close_op
 
 if TYPE_CHECKING:
-    from .channel import Channel
     from .settle import Op
 
-__all__ = ["CHECK_S", "LOOK_S", "SCOPE", "Block", "CallScope", "Gate", "waited_from"]
+__all__ = ["CHECK_S", "LOOK_S", "SCOPE", "Block", "CallScope", "Channel", "Gate", "waited_from"]
 
 SCOPE: ContextVar[object | None] = ContextVar("asynccube_exclusive", default=None)
 """The exclusive scope of the calling context: a :class:`Block`, a :class:`CallScope`,
@@ -51,6 +50,34 @@ LOOK_S = 0.0005
 """The most seconds of the loop one look takes (many held awaitables take several)."""
 _WALK_LIMIT = 10_000
 """The most futures one look visits from one held awaitable."""
+
+
+class Channel(Protocol):
+    """What a block and its gate see of the channel (it imports them: no circle)."""
+
+    state: State
+    loop: asyncio.AbstractEventLoop
+    _exclusive: Block | None
+
+    def add_guard(self, guard: Callable[[str], None]) -> None:
+        """Call ``guard`` in ``check`` until removed."""
+        ...
+
+    def remove_guard(self, guard: Callable[[str], None]) -> None:
+        """Stop calling ``guard``."""
+        ...
+
+    def queue_held(self, held: Iterable[tuple[Op, tuple[Any, ...]]]) -> None:
+        """Queue held commands, in order, for the actor."""
+        ...
+
+    def unusable(self) -> AsyncCubeError:
+        """The error a call on the closed or dead channel raises."""
+        ...
+
+    def _fail(
+        self, fut: asyncio.Future[Any], exc: BaseException, stream: StreamId | None = None
+    ) -> None: ...
 
 
 class CallScope:
