@@ -106,6 +106,29 @@ async def test_the_callable_calling_the_client_raises(client: ac.ComputeClient) 
 
 
 @pytest.mark.anyio
+async def test_the_callable_closing_the_client_raises(device: str) -> None:
+    """close() does not check the scope first: its held close is what it would wait
+    for; the client closes after the block."""
+    c = await ac.connect(device)
+    backend = c._channel.backend.name
+    loop = c.loop
+
+    def close() -> None:
+        if backend == "asyncio":
+            asyncio.run_coroutine_threadsafe(c.close(), loop).result(5)
+        else:
+            import trio
+
+            trio.from_thread.run(c.close, trio_token=loop.token)  # type: ignore[attr-defined]
+
+    with anyio.fail_after(10), pytest.raises(ac.ExclusiveCallError) as info:
+        await c.exclusive_call(close)
+    assert isinstance(info.value.__cause__, ac.ExclusiveAccessError)
+    await c.close()
+    assert c.closed
+
+
+@pytest.mark.anyio
 async def test_awaiting_a_held_awaitable_from_the_block_raises(
     client: ac.ComputeClient,
 ) -> None:

@@ -277,8 +277,10 @@ def check_not_nested(channel: Channel) -> None:
 
 
 def waited_from(fut: asyncio.Future[Any], block: Block) -> str | None:
-    """How the scope of ``block`` waits for ``fut`` ("by task X", "through ..."), or
-    None when it does not (as far as done callbacks and parked trio tasks tell)."""
+    """How the scope of ``block`` (or of its ``exclusive_call`` callable) waits for
+    ``fut`` ("by task X through ..."), or None when it does not (as far as done
+    callbacks and parked trio tasks tell)."""
+    scopes = (block, block.call_scope)  # the callable waits for what it started too
     seen: set[int] = set()
     stack: list[tuple[asyncio.Future[Any], str]] = [(fut, "")]
     while stack and len(seen) < _WALK_LIMIT:
@@ -287,12 +289,12 @@ def waited_from(fut: asyncio.Future[Any], block: Block) -> str | None:
             continue
         seen.add(id(node))
         for task in getattr(node, "_parked", None) or ():  # trio tasks awaiting it
-            if task.context.get(SCOPE) is block:
+            if task.context.get(SCOPE) in scopes:
                 return f"by trio task {task.name!r}{path}"
         for callback, context in list(getattr(node, "_callbacks", None) or ()):
             target = getattr(callback, "__self__", None)
             if isinstance(target, asyncio.Task):  # the task awaits node
-                if context.get(SCOPE) is block:
+                if context.get(SCOPE) in scopes:
                     return f"by task {target.get_name()!r}{path}"
                 stack.append((target, f" through task {target.get_name()!r}{path}"))
                 continue
