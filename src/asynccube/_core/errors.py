@@ -19,6 +19,8 @@ __all__ = [
     "CudaDriverError",
     "DLPackError",
     "DeviceError",
+    "ExclusiveAccessError",
+    "ExclusiveCallError",
     "ExecutionError",
     "ForeignStreamError",
     "GraphCaptureError",
@@ -271,3 +273,17 @@ class ForeignStreamError(InvalidArgument):
     an unsupported type, a stream or event of another device or context (every CUDA
     object on the host server), or a handle the driver does not know (a destroyed
     stream); the message names the object and what to pass instead."""
+
+
+class ExclusiveAccessError(AsyncCubeError):
+    """``client.exclusive()`` or ``client.exclusive_call()`` was misused: nested in the
+    same task, or a command that would wait for itself (a command from the callable of
+    ``exclusive_call``, or a command of another task held by the block and awaited from
+    inside it). The message says which, and what to do; the client keeps serving (on a
+    closed client both raise :class:`ClientClosedError`)."""
+
+
+class ExclusiveCallError(AsyncCubeError):
+    """The callable passed to ``client.exclusive_call()`` raised: the message carries
+    its type and message, ``__cause__`` the original exception; the client keeps
+    serving (cubecl's ``exclusive`` turns a task panic into a recoverable error)."""

@@ -17,11 +17,12 @@ with that DeviceError): :mod:`.closing`, with the close.
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import (
@@ -37,6 +38,7 @@ from .backend import backend_of
 from .closing import State, begin_close, die
 from .closing import awaited as _awaited
 from .completion import CompletionWatcher
+from .exclusive import SCOPE, Block, Gate
 from .held import HeldErrors
 from .settle import PRUNE_AT, Op, Settling
 
@@ -56,6 +58,8 @@ class Channel(Settling):
         "_blocked",
         "_cancelled",
         "_death",
+        "_exclusive",
+        "_guards",
         "_held",
         "_inline_spent",
         "_queue",
@@ -64,6 +68,7 @@ class Channel(Settling):
         "_yielding",
         "backend",
         "budget",
+        "exclusive_gate",
         "guard",
         "loop",
         "server",
@@ -111,8 +116,14 @@ class Channel(Settling):
         """Seconds of commands run inline in this loop iteration (reset at its end)."""
         self.watcher = CompletionWatcher(loop, self.backend.checkpoint)
         self.guard: Callable[[str], None] | None = None
-        """Set while a graph capture is open: called by ``check`` with the name of the
-        client method calling it (see :mod:`.graph`)."""
+        """Set while a graph capture or an exclusive block is open: called by ``check``
+        with the name of the client method calling it (see :mod:`.graph`,
+        :mod:`.exclusive`); the servers' one-call routes decline while it is set."""
+        self._guards: list[Callable[[str], None]] = []
+        self._exclusive: Block | None = None
+        """The active exclusive block: ``send`` asks it first (:mod:`.exclusive`)."""
+        self.exclusive_gate: Gate | None = None
+        """The turns of exclusive blocks (made by the first ``client.exclusive()``)."""
         self._activate: Callable[[], None] | None = getattr(server, "activate", None)
         self._actor = loop.create_task(self._run(), name="asynccube-actor")
 
@@ -162,7 +173,10 @@ class Channel(Settling):
     def send(self, op: Op, *args: Any) -> None:
         """Run a command: at once when the actor is idle and nothing is queued (the
         caller runs it exactly as the actor would, on the same thread, in the same
-        order, and saves a loop iteration), else queued for the actor."""
+        order, and saves a loop iteration), else queued for the actor. While an
+        exclusive block is active, a command from outside its scope is held by it."""
+        if self._exclusive is not None and self._exclusive.hold(op, args):
+            return
         if self._wakeup is not None and not self._queue and self._inline_budget():
             self._run_inline(op, args)
             return
@@ -179,6 +193,8 @@ class Channel(Settling):
         kills the channel, as in the actor: its error is raised."""
         if self._blocked:
             return _BLOCKED
+        if self._exclusive is not None and SCOPE.get() is not self._exclusive:
+            return _HELD
         queue = self._queue
         if not queue:
             return None
@@ -206,6 +222,31 @@ class Channel(Settling):
             self._inline_spent += time.perf_counter() - start
             self.ran_inline()
         return None
+
+    # -- guards and exclusive blocks (:mod:`.exclusive`) -------------------------------
+
+    def add_guard(self, guard: Callable[[str], None]) -> None:
+        """Call ``guard`` in ``check`` (a capture's, an exclusive block's) until removed."""
+        self._guards.append(guard)
+        self._set_guard()
+
+    def remove_guard(self, guard: Callable[[str], None]) -> None:
+        """Stop calling ``guard`` (compared with ``==``: bound methods are remade)."""
+        self._guards.remove(guard)
+        self._set_guard()
+
+    def _set_guard(self) -> None:
+        guards = tuple(self._guards)
+        if len(guards) > 1:
+            self.guard = functools.partial(_all_guards, guards)
+        else:
+            self.guard = guards[0] if guards else None
+
+    def queue_held(self, held: Iterable[tuple[Op, tuple[Any, ...]]]) -> None:
+        """Queue commands an exclusive block held, in order, for the actor."""
+        self._queue.extend(held)
+        if self._queue:
+            self._wake()
 
     def _inline_budget(self) -> bool:
         """True while this loop iteration has run less than the batch budget inline."""
@@ -336,6 +377,15 @@ def _check_budget(batch_seconds: object) -> None:
         )
 
 
+def _all_guards(guards: tuple[Callable[[str], None], ...], op: str) -> None:
+    for guard in guards:
+        guard(op)
+
+
+_HELD = (
+    "this task's commands are held by another task's exclusive block "
+    "(client.exclusive()) until it ends"
+)
 _BLOCKED = (
     "a command queued before this call waits on a job in a worker thread (a kernel "
     "compile, or a large copy being staged)"

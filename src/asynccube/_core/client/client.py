@@ -10,8 +10,10 @@ them; each public method that is not on the hot path is a thin delegate to one):
 * :class:`~.movement.DataMovement`: snapshots and staging buffers, writes and reads;
 * :class:`~.launch.Launcher`: the actor's half of ``execute`` (prepare, fire, hold);
 * :class:`~.profiler.ClientProfiler`: profiles and the timeline;
-* :class:`~.surface.ClientSurface` (the base class): the memory and profiling
+* :class:`~.surface.ClientSurface` (a base class): the memory and profiling
   commands, thin delegates to their parts;
+* :class:`~.coordination.ClientCoordination` (a base class): ``read_into``,
+  ``wait``/``after`` and ``exclusive``/``exclusive_call``;
 * :class:`~.lifecycle.Lifecycle`: the close (and :mod:`.lifecycle`'s exit and warning);
 * :mod:`.arrays` (numpy helpers), :mod:`.graph` (captures), :mod:`.transfer`
   (``to_client``), :mod:`.interop` (DLPack) and :mod:`.foreign` (``wait``/``after``
@@ -30,7 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -52,8 +54,9 @@ from ..values.types import (
     ExecutionMode,
     Handle,
 )
-from . import arrays, foreign
+from . import arrays
 from .args import DataLike, _bad_execute, _items, _whole
+from .coordination import ClientCoordination
 from .dispatch import Dispatch
 from .graph import Graph, capture, release_graphs
 from .jobs import JobThread
@@ -69,9 +72,10 @@ from .transfer import to_client
 __all__ = ["ComputeClient"]
 
 _get_running_loop = asyncio._get_running_loop
+T = TypeVar("T")
 
 
-class ComputeClient(ClientSurface):
+class ComputeClient(ClientCoordination, ClientSurface):
     """Sends work to one server through an actor task on the current event loop
     (asyncio, uvloop included, or trio).
 
@@ -245,26 +249,6 @@ class ComputeClient(ClientSurface):
         """The bytes of each (possibly strided) tensor, densely packed (awaitable)."""
         return self._movement.read_tensor(descriptors)
 
-    def read_into(
-        self, source: Tensor | Binding | Handle | CopyDescriptor, out: Any
-    ) -> asyncio.Future[None]:
-        """Read ``source`` (densely packed) into ``out``, a writable contiguous buffer
-        of exactly its size (``bytearray``, a numpy array, a :meth:`staging` buffer),
-        instead of new ``bytes`` (awaitable).
-
-        No host copy at all from a staging buffer on CUDA (the device writes into it),
-        one otherwise; on the host server the worker packs straight into ``out``. Do
-        not touch ``out`` until the read is awaited. A service can answer with ``out``
-        as its body (``web.Response(body=out)``) without another copy.
-        """
-        if isinstance(source, Tensor):
-            desc = source.copy_descriptor()
-        elif isinstance(source, CopyDescriptor):
-            desc = source
-        else:
-            desc = _whole(source)
-        return self._movement.read_into(desc, out)
-
     def sync(self) -> asyncio.Future[None]:
         """Completes once all work queued so far, on every stream, is done (awaitable).
 
@@ -410,23 +394,6 @@ class ComputeClient(ClientSurface):
         if not isinstance(other, ComputeClient):
             raise InvalidArgument(f"to_client needs another client, got {type(other).__name__}")
         return to_client(self, handle, other)
-
-    def wait(self, obj: Any) -> asyncio.Future[None]:
-        """Completes once the work queued so far on another library's stream or event
-        is done, without blocking the loop (awaitable, cancellable; asyncio or trio).
-
-        ``obj``: an object with ``__cuda_stream__``, a ``torch.cuda.Stream``/``Event``,
-        a CuPy ``Stream``/``Event``, a ``cuda.bindings`` ``CUstream``/``CUevent``, or a
-        raw stream handle (int). ForeignStreamError, at the call, for another device's,
-        a destroyed or an unsupported one, and for any on the host server (no GPU).
-        """
-        return foreign.wait(self, obj)
-
-    def after(self, obj: Any) -> None:
-        """Make the calling task's stream wait, on the device, for the work queued so far
-        on another library's stream or event (fire-and-forget, ordered like an execute;
-        ``obj`` as for :meth:`wait`): later kernels of the task see its results."""
-        foreign.after(self, obj)
 
     # -- lifecycle ----------------------------------------------------------------------
 

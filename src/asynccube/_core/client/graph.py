@@ -208,8 +208,9 @@ async def capture(client: ClientParts) -> AsyncIterator[Graph]:
     stream = StreamId.current()
     slot = reg.slot(stream)
     cap = _Capture(_task(), stream)
+    if not reg.captures:
+        channel.add_guard(reg.guard)
     reg.captures[slot] = cap
-    channel.guard = reg.guard
     key = next(reg.ids)
     graph = Graph(client, key)
     try:
@@ -229,7 +230,7 @@ async def capture(client: ClientParts) -> AsyncIterator[Graph]:
     finally:
         del reg.captures[slot]
         if not reg.captures:
-            channel.guard = None
+            channel.remove_guard(reg.guard)
 
 
 def _begin(client: ClientParts, cap: _Capture, fut: asyncio.Future[None]) -> None:
