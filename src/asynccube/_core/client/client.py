@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -72,7 +72,6 @@ from .transfer import to_client
 __all__ = ["ComputeClient"]
 
 _get_running_loop = asyncio._get_running_loop
-T = TypeVar("T")
 
 
 class ComputeClient(ClientCoordination, ClientSurface):
