@@ -110,3 +110,17 @@ async def test_read_array_gives_a_new_array_of_the_tensor(client: ac.ComputeClie
     assert got.shape == data.shape and got.dtype == data.dtype and (got == data).all()
     got[0, 0] = -1  # the caller owns it
     assert (await client.read_array(t))[0, 0] == 0
+
+
+@pytest.mark.cuda
+async def test_a_large_read_outlives_its_client() -> None:
+    """A read of 1 MiB or more comes back over pinned memory (no copy); the memory is
+    the CUDA context's, so the context is released only once the result is dropped:
+    reading it after the client closed sees the bytes, and does not crash."""
+    data = DATA[3 << 20]
+    async with ac.open_client("cuda:0") as gpu:
+        (kept,) = await gpu.read([gpu.create(data)])
+    assert np.array_equal(np.frombuffer(kept, np.uint8), data)
+    del kept
+    async with ac.open_client("cuda:0") as gpu:  # the context comes back for the next
+        assert await gpu.read([gpu.create(b"ok")]) == [b"ok"]

@@ -83,7 +83,9 @@ class LifecycleOps(ServerCore):
         steps += [_bind(d.cuStreamDestroy, st) for st in self._backend.created]
         if reset:
             steps.append(lambda: d.cuDevicePrimaryCtxReset(self._ctx.device))
-        steps.append(self._ctx.close)
+            steps.append(self._ctx.close)
+        else:  # reads' results over pinned memory may outlive the client: they keep it
+            steps.append(lambda: self._pinned.after_last(self._ctx.close))
         for step in steps:
             try:
                 step()

@@ -24,7 +24,7 @@ import itertools
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 import numpy as np
@@ -278,6 +278,7 @@ class PinnedPool:
         self.allocated = 0
         self.closed = False
         self._lock = threading.Lock()
+        self._after_last: Callable[[], object] | None = None
 
     def class_size(self, size: int) -> int:
         """The capacity a request of ``size`` bytes gets."""
@@ -356,9 +357,27 @@ class PinnedPool:
     def _free_host(self, ptr: int, cap: int) -> None:
         try:
             check(cu().cuMemFreeHost(ptr), "cuMemFreeHost")
-            self.allocated -= cap
         except Exception as exc:  # a finalizer's failure is logged, never raised
             log.debug("could not free pinned buffer %#x: %s", ptr, exc)
+        with self._lock:
+            self.allocated -= cap
+            last = self._after_last if self.closed and self.allocated <= 0 else None
+            if last is not None:
+                self._after_last = None
+        if last is not None:
+            _run_quietly(last)
+
+    def after_last(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` (the context's release) once every buffer of the closed pool is
+        freed: now if none is out, else when the last one comes back (from whatever
+        thread drops it). A read's result over pinned memory may outlive its client;
+        the memory must stay mapped until then, and it is the context's."""
+        with self._lock:
+            out = self.allocated > 0
+            if out:
+                self._after_last = fn
+        if not out:
+            fn()
 
     def trim(self) -> None:
         """Free every cached (unused) buffer."""
@@ -375,3 +394,11 @@ class PinnedPool:
         """Free the cached buffers; buffers still out are freed when they come back."""
         self.trim()
         self.closed = True
+
+
+def _run_quietly(fn: Callable[[], object]) -> None:
+    """Run a deferred release from a finalizer's thread: failures are logged."""
+    try:
+        fn()
+    except Exception as exc:
+        log.debug("deferred release failed: %s", exc)
