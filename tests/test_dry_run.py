@@ -139,5 +139,5 @@ async def test_a_dry_run_of_a_gpu_is_sized_like_it() -> None:
         assert dry.properties.max_allocation == props.max_allocation
         h = dry.empty(100)
         usage = (await dry.memory_report()).pools[0].usage
-        assert usage.padding == 512 - 100  # the GPU's alignment, not the host's
+        assert usage.bytes_padding == 512 - 100  # the GPU's alignment, not the host's
         del h

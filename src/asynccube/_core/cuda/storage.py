@@ -364,14 +364,15 @@ class PinnedPool:
             last = self._after_last if self.closed and self.allocated <= 0 else None
             if last is not None:
                 self._after_last = None
-        if last is not None:
-            _run_quietly(last)
+        if last is not None:  # on its own thread: releasing a context takes ~60 ms
+            threading.Thread(target=_run_quietly, args=(last,), daemon=True).start()
 
     def after_last(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` (the context's release) once every buffer of the closed pool is
         freed: now if none is out, else when the last one comes back (from whatever
-        thread drops it). A read's result over pinned memory may outlive its client;
-        the memory must stay mapped until then, and it is the context's."""
+        thread drops it, ``fn`` on a thread of its own). A read's result over pinned
+        memory may outlive its client; the memory must stay mapped until then, and it
+        is the context's."""
         with self._lock:
             out = self.allocated > 0
             if out:
