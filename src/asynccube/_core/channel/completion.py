@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..server.protocol import Completion
 
-__all__ = ["CompletionWatcher", "one_step_later"]
+__all__ = ["CompletionWatcher", "one_step_later", "to_loop"]
 
 T = TypeVar("T")
 Sink = Callable[[Completion[Any]], None]
@@ -143,7 +143,7 @@ class CompletionWatcher:
             notify.add_done_callback(functools.partial(sink, completion))
         elif hasattr(completion, "add_done_callback"):
             notify = completion  # type: ignore[assignment]
-            call = self._loop.call_soon_threadsafe
+            call = to_loop(self._loop)
             notify.add_done_callback(functools.partial(call, sink, completion))
         else:
             self._polling.append((completion, sink, time.perf_counter() + self._spin))
@@ -191,7 +191,7 @@ class CompletionWatcher:
         if self._waiters is None:
             self._waiters = ThreadPoolExecutor(4, thread_name_prefix="asynccube-waiter")
         self.handed_to_threads += 1
-        call = self._loop.call_soon_threadsafe
+        call = to_loop(self._loop)
 
         def block() -> None:
             completion.wait(None)
@@ -204,3 +204,19 @@ class CompletionWatcher:
         if self._waiters is not None:
             self._waiters.shutdown(wait=False)
             self._waiters = None
+
+
+def to_loop(loop: asyncio.AbstractEventLoop) -> Callable[..., None]:
+    """``loop.call_soon_threadsafe`` for a completion's thread, which may finish after
+    the loop has ended (a client left to close when its loop closed): then nobody is
+    left to resolve, and the call is dropped instead of raising in that thread."""
+    call = loop.call_soon_threadsafe
+
+    def threadsafe(fn: Callable[..., object], *args: Any) -> None:
+        try:
+            call(fn, *args)
+        except RuntimeError as exc:  # asyncio: "Event loop is closed"; trio: RunFinishedError
+            if not (loop.is_closed() or type(exc).__name__ == "RunFinishedError"):
+                raise
+
+    return threadsafe
