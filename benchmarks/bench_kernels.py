@@ -143,11 +143,11 @@ async def _dtod(
     def copies() -> None:
         for _ in range(reps):
             check(
-                cu.cuMemcpyDtoDAsync(
+                cu().cuMemcpyDtoDAsync(
                     int(b.resource) + b.offset, int(a.resource) + a.offset, nbytes, 0
                 )
             )
-        check(cu.cuCtxSynchronize())
+        check(cu().cuCtxSynchronize())
 
     copies()
     return _best(copies, rounds) / reps
