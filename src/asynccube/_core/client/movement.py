@@ -145,8 +145,8 @@ class DataMovement:
         target = writable_bytes(out, desc.nbytes)
         server = self._server
         read = functools.partial(_read_into, server.read_into, [target])
-        prepare = getattr(server, "prepare_read_into", None)
-        ready = None if prepare is None else functools.partial(prepare, outs=[target])
+        prepare = getattr(server, "prepare_read_into", None)  # else a read's own hook
+        ready = self._prepare_read if prepare is None else functools.partial(prepare, outs=[target])
         on_actor = functools.partial(self._read_into_on_actor, read, ready)
         return self._channel.request(on_actor, StreamId.current(), [desc])
 
@@ -171,7 +171,7 @@ class DataMovement:
             if error is not None:
                 channel.refuse(fut, stream, error)
                 return None
-        prepare = self._prepare_read if reader is None else prepare
+        prepare = self._prepare_read if prepare is None else prepare
         job = prepare(descs, stream=stream) if prepare is not None else None
         wait = channel.await_completion
         read = self._server.read if reader is None else reader
