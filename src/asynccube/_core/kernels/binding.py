@@ -3,6 +3,7 @@ shape, contiguous, of a supported dtype), scalar arguments (numbers) and outputs
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -10,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..client.client import ComputeClient
-from ..client.interop import tensor_strides
+from ..client.dlpack import contiguous
 from ..client.tensor import Tensor
 from ..errors import InvalidArgument
 from ..values.bindings import Bindings, CubeCount, MetadataBinding
@@ -44,7 +45,7 @@ class CallArgs:
     @property
     def size(self) -> int:
         """Elements of the common shape."""
-        return int(np.prod(self.shape)) if self.shape is not None else 0
+        return math.prod(self.shape) if self.shape is not None else 0
 
 
 def read_args(
@@ -85,7 +86,7 @@ def _tensor_dtype(what: str, client: ComputeClient, name: str, tensor: Tensor) -
             f"{what}: tensor {name!r} has dtype {tensor.dtype}; supported: "
             + ", ".join(map(str, SUPPORTED))
         )
-    if tensor.strides != tensor_strides(tensor.shape, None):
+    if tensor.strides != contiguous(tensor.shape):
         raise InvalidArgument(
             f"{what}: tensor {name!r} is not C-contiguous (strides {tensor.strides}); "
             "make a contiguous copy (client.empty_array + a copy kernel) first"
