@@ -271,8 +271,9 @@ class DLPackError(AsyncCubeError, BufferError):
 class ForeignStreamError(InvalidArgument):
     """Another library's stream or event cannot be waited on (``client.wait``/``after``):
     an unsupported type, a stream or event of another device or context (every CUDA
-    object on the host server), or a handle the driver does not know (a destroyed
-    stream); the message names the object and what to pass instead."""
+    object on the host server), or a handle the driver rejects; the message names the
+    object and what to pass instead. (A raw handle of a destroyed stream is a dangling
+    pointer, which the driver cannot check: keep the object owning a stream alive.)"""
 
 
 class ExclusiveAccessError(AsyncCubeError):
