@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import DLPackError
+from ..server.layout import contiguous_strides
 
 __all__ = [
     "DLPACK_VERSION",
     "Imported",
-    "contiguous",
     "dtype_code",
     "live_exports",
     "make_capsule",
@@ -235,7 +235,7 @@ class Imported:
         if steps:
             self.strides = struct.unpack(f"={ndim}q", ctypes.string_at(steps, 8 * ndim))
         else:
-            self.strides = contiguous(self.shape)
+            self.strides = contiguous_strides(self.shape)
         name = _DTYPES.get((code, bits)) if lanes == 1 else None
         self.dtype = None if name is None else np.dtype(name)
         self.type_code = (code, bits, lanes)
@@ -244,15 +244,6 @@ class Imported:
         managed, self._managed = getattr(self, "_managed", None), None
         if managed and self._deleter:
             _DELETER(self._deleter)(managed)
-
-
-def contiguous(shape: Sequence[int]) -> tuple[int, ...]:
-    """The C-contiguous strides (in elements) of ``shape``."""
-    out, step = [], 1
-    for d in reversed(shape):
-        out.append(step)
-        step *= max(d, 1)
-    return tuple(reversed(out))
 
 
 def take_capsule(obj: Any, stream: int | None) -> Imported:

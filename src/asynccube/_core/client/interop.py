@@ -37,8 +37,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import DLPackError, InvalidArgument
+from ..server.layout import contiguous_strides
 from ..values.stream_id import StreamId
-from .dlpack import Imported, contiguous, make_capsule, take_capsule
+from .dlpack import Imported, make_capsule, take_capsule
 from .views import TensorClient, TensorView
 
 __all__ = [
@@ -234,11 +235,7 @@ def tensor_strides(shape: Sequence[int], strides: Sequence[int] | None) -> tuple
     C-contiguous strides of ``shape`` (in elements) when None."""
     dims = _ints("shape", shape)
     if strides is None:
-        out, step = [], 1
-        for d in reversed(dims):
-            out.append(step)
-            step *= max(d, 1)
-        return tuple(reversed(out))
+        return contiguous_strides(dims)
     given = _ints("strides", strides)
     if len(given) != len(dims):
         raise InvalidArgument(
@@ -310,7 +307,7 @@ def _check_imported(obj: Any, imported: Imported) -> None:
                           "cannot be expressed in a Tensor")  # fmt: skip
     if imported.read_only:
         raise DLPackError(f"{name} is read-only; asynccube kernels may write to any buffer")
-    if imported.strides != contiguous(imported.shape) and 0 not in imported.shape:
+    if imported.strides != contiguous_strides(imported.shape) and 0 not in imported.shape:
         raise DLPackError(
             f"{name} is not C-contiguous (strides {imported.strides} for shape "
             f"{imported.shape}); import a contiguous one (e.g. .contiguous())"

@@ -147,13 +147,8 @@ class DataMovement:
         read = functools.partial(_read_into, server.read_into, [target])
         prepare = getattr(server, "prepare_read_into", None)  # else a read's own hook
         ready = self._prepare_read if prepare is None else functools.partial(prepare, outs=[target])
-        on_actor = functools.partial(self._read_into_on_actor, read, ready)
+        on_actor = functools.partial(self.read_on_actor, reader=read, prepare=ready)
         return self._channel.request(on_actor, StreamId.current(), [desc])
-
-    def _read_into_on_actor(
-        self, read: Any, prepare: Any, stream: StreamId, descs: list[CopyDescriptor], fut: Any
-    ) -> Any:
-        return self.read_on_actor(stream, descs, fut, read, prepare)
 
     def read_on_actor(
         self,

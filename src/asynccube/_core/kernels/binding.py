@@ -11,9 +11,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..client.client import ComputeClient
-from ..client.dlpack import contiguous
 from ..client.tensor import Tensor
 from ..errors import InvalidArgument
+from ..server.layout import contiguous_strides
 from ..values.bindings import Bindings, CubeCount, MetadataBinding
 from ..values.kernel import Kernel
 from .dtypes import SUPPORTED, Ty, param_dtype, type_of_scalar
@@ -86,7 +86,7 @@ def _tensor_dtype(what: str, client: ComputeClient, name: str, tensor: Tensor) -
             f"{what}: tensor {name!r} has dtype {tensor.dtype}; supported: "
             + ", ".join(map(str, SUPPORTED))
         )
-    if tensor.strides != contiguous(tensor.shape):
+    if tensor.strides != contiguous_strides(tensor.shape):
         raise InvalidArgument(
             f"{what}: tensor {name!r} is not C-contiguous (strides {tensor.strides}); "
             "make a contiguous copy (client.empty_array + a copy kernel) first"

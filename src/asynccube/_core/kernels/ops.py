@@ -12,6 +12,8 @@ from typing import Any, Final
 
 import numpy as np
 
+from .dtypes import SUPPORTED
+
 __all__ = [
     "BINARY",
     "BOOL_OPS",
@@ -92,20 +94,8 @@ _ALIASES: Final = {
     "acosh": "arccosh",
     "atanh": "arctanh",
 }
-CASTS: Final = (
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-)
+CASTS: Final = tuple(dt.name for dt in SUPPORTED)
+"""The casts an expression may call: one per supported dtype, by its numpy name."""
 
 FUNCTIONS: Final[dict[str, tuple[str, int]]] = {
     **{name: (name, 1) for name in _FLOAT_UNARY},
