@@ -320,7 +320,7 @@ def _stage(pinned: PinnedPool, mv: memoryview) -> tuple[int, object]:
     """``(address, owner)`` of page-locked bytes equal to ``mv``: ``mv`` itself when it
     already is page-locked, else a pinned buffer filled with a copy."""
     addr = hot.address(mv)
-    if _is_pinned(addr):
+    if type(mv.obj) is not bytes and _is_pinned(addr):  # a driver call; bytes never are
         return addr, mv
     buf = pinned.take(mv.nbytes)
     if mv.nbytes < COPY_SPLIT:
