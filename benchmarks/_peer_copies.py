@@ -106,6 +106,8 @@ class RawCopy:
         self.ctxs = [check(d.cuDevicePrimaryCtxRetain(dev)) for dev in self.devs]
         if not self.same:  # peer access both ways, as torch and asynccube enable it
             for me, other in ((0, 1), (1, 0)):
+                if not check(d.cuDeviceCanAccessPeer(self.devs[me], self.devs[other])):
+                    continue  # no peer access: the driver stages the copy itself
                 check(d.cuCtxSetCurrent(self.ctxs[me]))
                 (err,) = d.cuCtxEnablePeerAccess(self.ctxs[other], 0)
                 if err and int(err) != _ALREADY_ENABLED:
