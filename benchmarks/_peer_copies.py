@@ -186,6 +186,7 @@ class NumpyCopy:
         return time.perf_counter() - t0
 
     def check(self, data: np.ndarray) -> bool:
+        assert self.dst is not None
         return bool(np.array_equal(self.dst, data))
 
     def drop(self) -> None:

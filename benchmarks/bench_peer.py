@@ -95,7 +95,7 @@ def sizes(args: argparse.Namespace) -> list[int]:
 
 def copies(size: int, args: argparse.Namespace) -> int:
     """Copies per timed batch: ``--batch-mib`` of them, 3 to 1000."""
-    return max(3, min(1000, args.batch_mib * MiB // size))
+    return max(3, min(1000, int(args.batch_mib) * MiB // size))
 
 
 def pattern(size: int) -> np.ndarray:
