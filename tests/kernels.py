@@ -66,3 +66,27 @@ def blocks(n: int, block: int = 256) -> ac.CubeCount:
 
 
 NOOP = ac.Kernel("test_noop", host=lambda launch: None)
+
+SPIN_CUDA = r"""
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+
+
+def _spin_host(launch: ac.HostLaunch) -> None:
+    time.sleep(int(launch.scalar(np.uint64)) / 1e9)
+
+
+SPIN = ac.Kernel(
+    "test_spin", cuda=ac.CudaSource(SPIN_CUDA, entry="spin", block=(1, 1, 1)), host=_spin_host
+)
+"""Keeps its stream busy for a uint64 scalar of nanoseconds (the device's clock on CUDA,
+a sleep that releases the GIL on the host); launch it with ``CubeCount(1)``."""
+
+
+def spin(seconds: float) -> ac.Bindings:
+    """Bindings for SPIN."""
+    return ac.Bindings().with_scalar(np.uint64, [int(seconds * 1e9)])

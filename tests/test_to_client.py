@@ -12,7 +12,7 @@ import pytest
 import asynccube as ac
 from asynccube._core.runtime.devices import probe_gpus
 
-from .kernels import SCALE, SLOW_FILL, blocks
+from .kernels import SCALE, SLOW_FILL, SPIN, blocks, spin
 
 pytestmark = pytest.mark.asyncio
 
@@ -62,6 +62,44 @@ async def test_source_buffer_lives_until_the_copy_ran(a: str, b: str) -> None:
         for _ in range(4):  # reuse of the dropped slice must not clobber the copy
             src.create(np.zeros(n, np.float32))
         np.testing.assert_array_equal(await dst.read_array(copy, np.float32), np.full(n, 7))
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("host", "host"),
+        pytest.param("cuda:0", "cuda:0", marks=pytest.mark.cuda),
+        pytest.param("cuda:0", "cuda:1", marks=[pytest.mark.cuda, two_gpus]),
+    ],
+)
+async def test_to_client_is_ordered_without_a_host_wait(a: str, b: str) -> None:
+    """The source is busy (a slow kernel, then a write of the buffer) when to_client and
+    a kernel on the copy are called, with no await between: both return long before the
+    slow kernel ends (the order is kept by events, not by the caller waiting), the copy
+    holds what the write put there, and the source's later write is not in it."""
+    import time
+
+    n, busy = 1 << 16, 0.4
+    async with ac.open_client(a) as src, ac.open_client(b) as dst:
+        h = src.create(np.ones(n, np.float32))
+        warm = src.to_client(h, dst)  # peer access and the kernels ready beforehand
+        dst.execute(SCALE, blocks(n), scale(warm, 1.0, n))
+        src.execute(SPIN, ac.CubeCount(1), spin(0.0))
+        await dst.read([warm])
+        await src.sync()
+        src.execute(SPIN, ac.CubeCount(1), spin(busy))
+        src.execute(SCALE, blocks(n), scale(h, 3.0, n))  # queued before: in the copy
+        t0 = time.perf_counter()
+        copy = src.to_client(h, dst)
+        dst.execute(SCALE, blocks(n), scale(copy, 2.0, n))  # after the copy
+        queued = time.perf_counter() - t0
+        src.execute(SCALE, blocks(n), scale(h, 0.0, n))  # after the copy: not in it
+        got = await dst.read_array(copy, np.float32)
+        done = time.perf_counter() - t0
+        np.testing.assert_array_equal(got, np.full(n, 6.0, np.float32))
+        np.testing.assert_array_equal(await src.read_array(h, np.float32), np.zeros(n))
+        assert queued < busy / 2, f"to_client waited for the source's work: {queued:.3f} s"
+        assert done > 0.9 * busy, f"the copy did not wait for the source's work: {done:.3f} s"
 
 
 async def test_to_client_waits_for_slow_host_work() -> None:
