@@ -57,13 +57,15 @@ def _runs(fn: Callable[[], float], runs: int) -> Figures:
 def one_host(devices: list[str], items: list[np.ndarray], runs: int) -> Figures:
     """The plain-asyncio driver: handles between the stages, numpy, and without us."""
 
-    def run(handles: bool, plain: bool) -> float:
-        out, rate = asyncio.run(rp.local_pipeline(devices, items, handles=handles, plain=plain))
+    def run(handles: bool, plain: bool, staged: bool = False) -> float:
+        pipe = rp.local_pipeline(devices, items, handles=handles, plain=plain, staged=staged)
+        out, rate = asyncio.run(pipe)
         rp.check(items, out)
         return rate
 
     return {
         "handles": _runs(lambda: run(True, False), runs),
+        "staged": _runs(lambda: run(True, False, True), runs),
         "numpy": _runs(lambda: run(False, False), runs),
         "plain": _runs(lambda: run(False, True), runs),
     }
@@ -205,6 +207,8 @@ def render(figs: Figures, args: argparse.Namespace) -> str:
     rows = [
         ["one host, handles (`to_client`)", _rate(host["handles"]),
          _ratio(host["handles"], host["plain"]), _ratio(host["handles"], floor), "0.8x floor"],
+        ["one host, handles, items in and out of `staging` buffers", _rate(host["staged"]),
+         _ratio(host["staged"], host["plain"]), _ratio(host["staged"], floor), "-"],
         ["one host, numpy between stages", _rate(host["numpy"]),
          _ratio(host["numpy"], host["plain"]), _ratio(host["numpy"], floor), "-"],
         [f"one host, without asynccube ({peer})", _rate(host["plain"]), "1.00x",

@@ -124,3 +124,34 @@ async def test_a_large_read_outlives_its_client() -> None:
     del kept
     async with ac.open_client("cuda:0") as gpu:  # the context comes back for the next
         assert await gpu.read([gpu.create(b"ok")]) == [b"ok"]
+
+
+@pytest.mark.cuda
+async def test_page_locked_data_is_written_without_a_host_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Large page-locked data that is not a staging buffer itself (a view of one here;
+    torch's ``pin_memory`` in practice) is borrowed and copied by the device straight
+    from where it is, even when a free pinned buffer of its size would take a copy."""
+    from asynccube._core.cuda import transfers
+
+    copies: list[int] = []
+    real = transfers.hot.copy_into
+
+    def counted(*args: Any) -> Any:
+        copies.append(1)
+        return real(*args)
+
+    n = 3 << 20
+    async with ac.open_client("cuda:0") as gpu:
+        (back,) = await gpu.read([gpu.create(DATA[n])])  # over a pinned buffer of n bytes
+        del back  # now free: a snapshot could take it
+        buf, out = await gpu.staging([n + 4096, n])
+        view = buf[4096:]  # page-locked, but not an array that staging() returned
+        view[:] = DATA[n]
+        monkeypatch.setattr(transfers.hot, "copy_into", counted)
+        handle = gpu.create(view)
+        await gpu.read_into(handle, out)
+        monkeypatch.undo()
+    assert np.array_equal(out, DATA[n])
+    assert copies == []

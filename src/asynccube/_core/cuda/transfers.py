@@ -85,8 +85,9 @@ class TransferOps(ProfileOps):
         GIL released; ``write`` then copies from it without staging); else, for data of
         ``BORROW_BYTES`` or more, the data itself, borrowed like on the host server
         (:meth:`prepare_write`'s job copies it into pinned memory in a worker thread, in
-        stream order); else None (small or non-contiguous data, or ``bytes``: the
-        client copies it itself, or takes ``bytes`` by reference)."""
+        stream order), and page-locked data of that size without a copy at all;
+        else None (small or non-contiguous data, or ``bytes``: the client copies it
+        itself, or takes ``bytes`` by reference)."""
         if type(data) is bytes:
             return None  # immutable: taken by reference
         try:
@@ -95,6 +96,8 @@ class TransferOps(ProfileOps):
             return None
         if mv.nbytes < SNAPSHOT_BYTES:
             return None
+        if mv.nbytes >= BORROW_BYTES and _is_pinned(hot.address(mv)):
+            return mv  # page-locked already (torch's pin_memory, say): borrowed, no copy
         buf = self._pinned.try_take(mv.nbytes)
         if buf is None:  # large data is borrowed: prepare_write's job stages it off the loop
             return mv if mv.nbytes >= BORROW_BYTES else None
