@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import sys
+import warnings
 from collections.abc import Awaitable, Generator, Sequence
 from typing import Any, Final
 
@@ -96,7 +98,9 @@ def all_reduce(
         nccl_reduce(checked, kind.name, name, n, path)
     elif n and (len(checked) > 1):
         staged(checked, kind, name, n)
-    return _Collective([_sync(client) for client, _ in checked])
+    caller = sys._getframe(1)
+    origin = (caller.f_code.co_filename, caller.f_lineno)
+    return _Collective([client for client, _ in checked], origin)
 
 
 def _pair(i: int, pair: object) -> Pair:
@@ -144,7 +148,7 @@ def _distinct(pairs: list[Pair]) -> None:
 def _dtype(dtype: object) -> np.dtype[Any]:
     kind: np.dtype[Any] | None
     try:
-        kind = np.dtype(dtype)
+        kind = np.dtype(dtype)  # type: ignore[call-overload]
     except TypeError:
         kind = None
     if kind is None or kind.name not in DTYPES or not kind.isnative:
@@ -201,33 +205,39 @@ def _nccl_path(pairs: list[Pair], dtype: str) -> str | None:
     return nccl.find_library()
 
 
-def _sync(client: ComputeClient) -> asyncio.Future[None]:
-    """``client.sync()``'s route without its fast path: a future taking the errors held
-    for the caller's stream up to this point."""
-    channel = client._channel
-    server = client.server
-    return channel.request(channel.await_completion, StreamId.current(), server.sync)
-
-
 class _Collective:
-    """What :func:`all_reduce` returns: awaiting it awaits each client's sync in turn
-    and raises the first failure (the others attached as notes). Only the first
-    client's future warns if it is never awaited; each failure nobody retrieved goes
-    back to its own client's stream."""
+    """What :func:`all_reduce` returns. Awaiting it queues a sync on each client (for
+    the stream of the call) and awaits them in turn, raising the first failure (the
+    others attached as notes). Never awaited, it warns, as any client awaitable does,
+    and each client's failure stays held for that client's stream: its next awaited
+    call there raises it."""
 
-    __slots__ = ("_futures",)
+    __slots__ = ("_clients", "_futures", "_origin", "_stream")
 
-    def __init__(self, futures: list[asyncio.Future[None]]) -> None:
-        self._futures = futures
-        for fut in futures[1:]:
-            fut.add_done_callback(_looked_at)
+    def __init__(self, clients: list[ComputeClient], origin: tuple[str, int]) -> None:
+        self._clients = clients
+        self._stream = StreamId.current()
+        self._origin = origin
+        self._futures: list[asyncio.Future[None]] | None = None
 
     def __await__(self) -> Generator[Any, None, None]:
-        return self._wait().__await__()
+        if self._futures is None:
+            self._futures = [self._sync(c) for c in self._clients]
+            for fut in self._futures[1:]:  # awaited in turn: a cancel stops at the first
+                fut.add_done_callback(_looked_at)
+        return self._wait(self._futures).__await__()
 
-    async def _wait(self) -> None:
+    def _sync(self, client: ComputeClient) -> asyncio.Future[None]:
+        """``client.sync()``'s route for the call's stream (no fast path): completes once
+        the work queued so far is done; raises the errors held for the stream."""
+        channel = client._channel
+        channel.check()
+        return channel.request(channel.await_completion, self._stream, client.server.sync)
+
+    @staticmethod
+    async def _wait(futures: list[asyncio.Future[None]]) -> None:
         errors: list[BaseException] = []
-        for fut in self._futures:
+        for fut in futures:
             try:
                 await fut
             except Exception as exc:
@@ -235,6 +245,17 @@ class _Collective:
         if errors:
             raise combine(errors, "also failed on another client")
 
+    def __del__(self) -> None:
+        if getattr(self, "_futures", True) is None:
+            filename, line = self._origin
+            warnings.warn(
+                f"the awaitable returned by all_reduce() at {filename}:{line} was never "
+                "awaited; await it (each client's failure stays held for its stream)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
 
 def _looked_at(fut: asyncio.Future[None]) -> None:
-    """Nothing: marks a client future as looked at (see :class:`_Collective`)."""
+    """Nothing: marks a client future as looked at (its error, unretrieved, still goes
+    back to its stream)."""
