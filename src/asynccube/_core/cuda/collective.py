@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..values.stream_id import StreamId
 from ..values.types import Binding
 from . import nccl
+from .driver import forget_current
 
 if TYPE_CHECKING:
     from .server import CudaServer
@@ -86,7 +87,10 @@ def init_job(path: str, servers: Sequence[CudaServer], loader: Any = None) -> Ca
             if comms is not None:
                 return comms
             lib = load(path)
-            made = Comms(lib, servers, lib.comm_init_all(devices))
+            try:
+                made = Comms(lib, servers, lib.comm_init_all(devices))
+            finally:
+                forget_current()  # NCCL made each device current in this thread
             _cache[_key(servers)] = made
             for server in servers:
                 server.close_hooks.append(_forget_hook(made))
@@ -145,9 +149,11 @@ def issue(comms: Comms, sides: Sequence[tuple[Any, Side]], count: int, dtype: st
     try:
         lib.group_end()
     except BaseException as exc:
+        forget_current()
         if failed is None:
             raise
         failed.add_note(f"and then ncclGroupEnd failed: {exc}")
+    forget_current()  # NCCL made each device current in turn: the caller activates again
     if failed is not None:
         raise failed
 
