@@ -15,6 +15,7 @@ host server.
 from __future__ import annotations
 
 from ._core.client.client import ComputeClient
+from ._core.client.collective import ReduceOp, all_reduce
 from ._core.client.graph import Graph
 from ._core.client.tensor import Tensor
 from ._core.config.pools import MemoryLayout, MemoryPool, PoolKind
@@ -25,6 +26,7 @@ from ._core.errors import (
     BufferTooBig,
     ClientClosedError,
     ClientDeadError,
+    CollectiveError,
     CompilationError,
     ConfigError,
     DeviceError,
@@ -117,6 +119,8 @@ from ._core.values.types import (
 from ._core.version import __version__
 
 __all__ = [
+    "ReduceOp",
+    "all_reduce",
     "SCALAR_DTYPES",
     "Allocation",
     "AllocationDescriptor",
@@ -135,6 +139,7 @@ __all__ = [
     "CheckReport",
     "ClientClosedError",
     "ClientDeadError",
+    "CollectiveError",
     "CompilationError",
     "Completion",
     "ComputeClient",

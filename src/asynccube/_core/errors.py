@@ -14,6 +14,7 @@ __all__ = [
     "BufferTooBig",
     "ClientClosedError",
     "ClientDeadError",
+    "CollectiveError",
     "CompilationError",
     "ConfigError",
     "CudaDriverError",
@@ -288,3 +289,11 @@ class ExclusiveCallError(AsyncCubeError):
     """The callable passed to ``client.exclusive_call()`` raised: the message carries
     its type and message, ``__cause__`` the original exception; the client keeps
     serving (cubecl's ``exclusive`` turns a task panic into a recoverable error)."""
+
+
+class CollectiveError(AsyncCubeError):
+    """A collective across clients (``all_reduce``) failed after it was queued: a read
+    or write of one of its buffers, the reduction itself, or the NCCL library (the
+    message names NCCL's error string); ``__cause__`` carries the original error. Each
+    client's stream holds its own copy, so every client's next awaited call there sees
+    it; every client keeps serving."""

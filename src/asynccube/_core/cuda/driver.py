@@ -26,6 +26,7 @@ __all__ = [
     "device_properties",
     "driver_available",
     "error_from",
+    "forget_current",
     "list_devices",
     "set_current",
 ]
@@ -155,6 +156,12 @@ def set_current(context: Any) -> None:
     if getattr(_tls, "context", None) is not context:
         check(cu().cuCtxSetCurrent(context), "cuCtxSetCurrent")
         _tls.context = context
+
+
+def forget_current() -> None:
+    """The calling thread's current context was changed behind this module's back (NCCL
+    sets each device current in turn): the next :func:`set_current` makes the call."""
+    _tls.context = None
 
 
 def list_devices() -> list[str]:

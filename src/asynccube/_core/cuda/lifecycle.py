@@ -68,6 +68,7 @@ class LifecycleOps(ServerCore):
         d = cu()
         self._ctx.make_current()
         steps: list[Callable[[], object]] = [
+            *self.close_hooks,
             self._retirer.clear,
             self._release_small_reads,
             self._table.close,

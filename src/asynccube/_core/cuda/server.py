@@ -35,6 +35,7 @@ import dataclasses
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
@@ -149,6 +150,8 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps, ForeignOps):
         self._zero_copy = zero_copy_read
         self.sticky: BaseException | None = None
         self.closed = False
+        self.close_hooks: list[Callable[[], None]] = []
+        """Called first in the close thread (``all_reduce``'s NCCL communicators)."""
         self.recorder = recorder if recorder is not None else KernelRecorder()
         self._timed: deque[TimedOp] = deque()
         self._epoch_event, self._epoch_ns = self._epoch()

@@ -95,6 +95,7 @@ class ServerCore(SliceServer[SliceHandle]):
     _zero_copy: int
     sticky: BaseException | None
     closed: bool
+    close_hooks: list[Callable[[], None]]
     recorder: KernelRecorder
     _timed: deque[Any]
     _epoch_event: Any
