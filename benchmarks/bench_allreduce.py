@@ -10,7 +10,7 @@ rounds after two warm-up rounds; each asynccube round is ``await ac.all_reduce(.
 itself: the same element-wise sums of the same arrays in one thread (the staged path's
 floor, without its reads and writes). NVLink multicast stays off
 (``NCCL_NVLS_ENABLE=0`` in this process and the ones it starts). Writes
-``results/allreduce.md|json`` for ``report.py``.
+``results/allreduce.md|json`` (``allreduce_host`` for host clients) for ``report.py``.
 """
 
 from __future__ import annotations
@@ -143,9 +143,13 @@ def main() -> None:
         f"\n\n{args.mib} MiB float32 sum across {n} clients ({args.devices}), median of "
         f"{rounds} rounds after {WARMUP} warm-up; busbw = 2(n-1)/n x bytes / time. {command}"
     )
-    write(
-        "allreduce", f"all_reduce across {args.devices}", environment(args.devices), body, figures
-    )
+    if n == 1:
+        body += (
+            "\n\nOne client: NCCL runs a one-rank communicator, so the bus moves nothing "
+            "(busbw 0); the times are each call's own cost, not a bandwidth."
+        )
+    name = "allreduce_host" if "host" in args.devices else "allreduce"
+    write(name, f"all_reduce across {args.devices}", environment(args.devices), body, figures)
 
 
 if __name__ == "__main__":
