@@ -404,3 +404,35 @@ async def test_launches_that_waited_for_the_actor_run_in_order(device: str) -> N
             hits, _ = fast.queued_stats
             assert hits - before[0] == 9, (before, tuple(fast.queued_stats))
     np.testing.assert_array_equal(got, a + 10 * b)
+
+
+async def test_a_batch_end_does_not_look_at_every_pending_future(
+    host_client: ac.ComputeClient,
+) -> None:
+    """Futures that other clients' commands wait on (``to_client``, ``all_reduce``) are
+    tracked by the channel and leave it once done; a batch end looks at what is pending
+    only now and then, not at every batch (2000 tracked futures and 20 batches: at
+    most 4000 looks, where a look at every batch end made 40,000; 2000 copies in a row
+    went quadratic)."""
+    looks = 0
+
+    class Counted(asyncio.Future[None]):
+        def done(self) -> bool:
+            nonlocal looks
+            looks += 1
+            return super().done()
+
+    loop = asyncio.get_running_loop()
+    futures = [Counted(loop=loop) for _ in range(2000)]
+    channel = host_client._channel  # type: ignore[attr-defined]
+    for fut in futures:
+        channel.track(fut)
+    for _ in range(20):
+        host_client.empty(16)  # a command run inline: its batch ends with the iteration
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    assert looks <= 4000
+    for fut in futures:
+        fut.set_result(None)
+    await asyncio.sleep(0)
+    assert not channel._pending.intersection(futures)  # gone once done

@@ -300,8 +300,9 @@ class Channel(Settling):
             self._activate()
         self.server.end_batch()
         pending = self._pending
-        if pending:  # futures a command settled itself (graphs, transfers): keep none
-            pending.difference_update([f for f in pending if f.done()])
+        if len(pending) >= self._prune_at:  # settled ones leave by themselves: a look
+            pending.difference_update([f for f in pending if f.done()])  # now and then
+            self._prune_at = max(PRUNE_AT, 2 * len(pending))  # (not every batch: O(n²))
 
     # -- actor side -------------------------------------------------------------------
 

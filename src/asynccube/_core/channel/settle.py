@@ -80,8 +80,15 @@ class Settling:
 
     def track(self, fut: asyncio.Future[Any]) -> None:
         """Fail ``fut`` at once if the actor dies before settling it (a future that a
-        command of this channel sets and another client's command awaits)."""
+        command of this channel sets and another client's command awaits). Forgotten
+        once done (a done callback), so no done future is kept for a prune to find."""
         self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
+
+    def settled(self, fut: asyncio.Future[Any]) -> None:
+        """Forget ``fut``, a request's future its command settled itself (not through
+        ``call``/``await_completion``), so nothing keeps its result alive."""
+        self._pending.discard(fut)
 
     def future_factory(self) -> Callable[[], asyncio.Future[Any]]:
         """Makes client futures (for the servers' fast routes: no frame of its own, so

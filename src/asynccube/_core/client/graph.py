@@ -234,6 +234,7 @@ async def capture(client: ClientParts) -> AsyncIterator[Graph]:
 
 
 def _begin(client: ClientParts, cap: _Capture, fut: asyncio.Future[None]) -> None:
+    client._channel.settled(fut)  # settled here, below
     held = client._channel.take_held(cap.stream)
     try:
         if held is not None:
@@ -247,6 +248,7 @@ def _begin(client: ClientParts, cap: _Capture, fut: asyncio.Future[None]) -> Non
 
 
 def _end(client: ClientParts, cap: _Capture, fut: asyncio.Future[CapturedGraph]) -> None:
+    client._channel.settled(fut)  # settled here, below
     server, cap.server = cap.server, None
     assert server is not None
     held = client._channel.take_held(cap.stream)
