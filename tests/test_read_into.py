@@ -155,3 +155,37 @@ async def test_page_locked_data_is_written_without_a_host_copy(
         monkeypatch.undo()
     assert np.array_equal(out, DATA[n])
     assert copies == []
+
+
+_KEPT_TO_EXIT = """
+import asyncio
+import asynccube as ac
+
+KEPT = []
+
+async def main() -> None:
+    async with ac.open_client("cuda:0") as gpu:
+        KEPT.extend(await gpu.staging([1 << 20, 4 << 20]))
+        (big,) = await gpu.read([gpu.create(bytes(2 << 20))])  # over pinned memory
+        KEPT.append(big)
+
+asyncio.run(main())
+print("done")
+"""
+
+
+@pytest.mark.cuda
+def test_pinned_memory_kept_until_the_interpreter_exits_is_freed_quietly() -> None:
+    """Staging buffers and a large read's result that a module keeps are freed at
+    interpreter shutdown, after their client closed: the context's deferred release
+    then runs without a thread (none can start), with nothing printed."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _KEPT_TO_EXIT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "done"
+    assert "Exception ignored" not in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -365,7 +366,7 @@ class PinnedPool:
             if last is not None:
                 self._after_last = None
         if last is not None:  # on its own thread: releasing a context takes ~60 ms
-            threading.Thread(target=_run_quietly, args=(last,), daemon=True).start()
+            _release_later(last)
 
     def after_last(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` (the context's release) once every buffer of the closed pool is
@@ -395,6 +396,18 @@ class PinnedPool:
         """Free the cached buffers; buffers still out are freed when they come back."""
         self.trim()
         self.closed = True
+
+
+def _release_later(fn: Callable[[], object]) -> None:
+    """Run ``fn`` on a thread of its own; inline once the interpreter is shutting down
+    (a buffer a module kept is freed then, when no thread can start)."""
+    if not sys.is_finalizing():
+        try:
+            threading.Thread(target=_run_quietly, args=(fn,), daemon=True).start()
+            return
+        except RuntimeError:  # "can't create new thread at interpreter shutdown"
+            pass
+    _run_quietly(fn)
 
 
 def _run_quietly(fn: Callable[[], object]) -> None:
