@@ -114,16 +114,39 @@ def test_the_wheel_is_found_before_the_system(
     spec = types.SimpleNamespace(submodule_search_locations=[str(tmp_path / "nvidia")])
     monkeypatch.delenv(nccl.ENV_LIBRARY, raising=False)
     monkeypatch.setattr(nccl.importlib.util, "find_spec", lambda name: spec)
-    monkeypatch.setattr(nccl.ctypes.util, "find_library", lambda name: "libnccl.so.9")
+    system = tmp_path / "system"
+    system.mkdir()
+    (system / "libnccl.so.2").write_bytes(b"")
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"/nowhere{os.pathsep}{system}")
+    monkeypatch.setattr(nccl, "SYSTEM_DIRS", ())
+    monkeypatch.setattr(nccl.sysconfig, "get_config_var", lambda name: None)
     nccl.forget_search()
     try:
         assert nccl.find_library() == str(lib / "libnccl.so.2")
         (lib / "libnccl.so.2").unlink()
         nccl.forget_search()
-        assert nccl.find_library() == "libnccl.so.9"
-        monkeypatch.setattr(nccl.ctypes.util, "find_library", lambda name: None)
+        assert nccl.find_library() == str(system / "libnccl.so.2")
+        (system / "libnccl.so.2").unlink()
         nccl.forget_search()
         assert nccl.find_library() is None
+    finally:
+        nccl.forget_search()
+
+
+def test_the_search_runs_no_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search runs on the loop: paths only (``ctypes.util.find_library`` would run
+    ``ldconfig`` or a compiler, milliseconds and more)."""
+    import subprocess
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the NCCL search started a subprocess")
+
+    monkeypatch.delenv(nccl.ENV_LIBRARY, raising=False)
+    monkeypatch.setattr(nccl.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    nccl.forget_search()
+    try:
+        nccl.find_library()  # found or not, without a subprocess
     finally:
         nccl.forget_search()
 

@@ -3,9 +3,10 @@ is found, and a thin wrapper over the few calls ``all_reduce`` makes.
 
 The library is looked for, in order: the file named by ``ASYNCCUBE_NCCL_LIBRARY``; the
 ``nvidia-nccl-cu13`` / ``nvidia-nccl-cu12`` wheels' ``nvidia/nccl/lib/libnccl.so.2``
-(the one PyTorch's wheels bring); then the system's (``ctypes.util.find_library``).
-Finding it only looks at paths (cached); loading it (``dlopen``) happens in a worker
-thread, with the first communicator.
+(the one PyTorch's wheels bring); then the system's (``libnccl.so.2`` in the
+directories of ``LD_LIBRARY_PATH`` and the usual system ones). Finding it only looks at
+paths (cached; no ``ldconfig`` subprocess, it runs on the loop); loading it
+(``dlopen``) happens in a worker thread, with the first communicator.
 
 NVLink multicast (NVLS) stays off: ``NCCL_NVLS_ENABLE=0`` is set in ``os.environ``
 before the first communicator, unless the user set it.
@@ -14,9 +15,9 @@ before the first communicator, unless the user set it.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import importlib.util
 import os
+import sysconfig
 import threading
 from typing import Any, Final
 
@@ -67,10 +68,26 @@ def _search() -> str | None:
     named = os.environ.get(ENV_LIBRARY)
     if named:
         return named  # the user's choice: a wrong path fails when loaded, naming it
-    for path in _wheel_candidates():
+    for path in _wheel_candidates() + _system_candidates():
         if os.path.exists(path):
             return path
-    return ctypes.util.find_library("nccl")
+    return None
+
+
+SYSTEM_DIRS: Final = ("/usr/local/cuda/lib64", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/lib")
+"""Where a system's NCCL lives (after ``LD_LIBRARY_PATH``; the multiarch directory of
+``/usr/lib`` and ``/lib`` first, as the dynamic loader looks)."""
+
+
+def _system_candidates() -> list[str]:
+    """``libnccl.so.2`` (then ``libnccl.so``) in ``LD_LIBRARY_PATH``'s directories and
+    the system's (paths only: ``ctypes.util.find_library`` would run ``ldconfig``)."""
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
+    arch = sysconfig.get_config_var("MULTIARCH")
+    if arch:
+        dirs += [f"/usr/lib/{arch}", f"/lib/{arch}"]
+    dirs += list(SYSTEM_DIRS)
+    return [os.path.join(d, name) for name in ("libnccl.so.2", "libnccl.so") for d in dirs]
 
 
 def _wheel_candidates() -> list[str]:
