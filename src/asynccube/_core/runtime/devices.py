@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from ..channel.backend import run_blocking
@@ -99,9 +100,8 @@ async def _make_dry(kind: str, index: int, settings: Settings) -> ComputeServer:
     if kind == "host":
         return DryRunServer(**settings.host_server_options())
     try:
-        from ..cuda.driver import ALIGNMENT, device_properties
-
-        target = await run_blocking(device_properties, index)
+        driver = await run_blocking(_cuda_driver)  # importing it takes tens of ms
+        target = await run_blocking(driver.device_properties, index)
     except AsyncCubeError as exc:
         if not isinstance(exc, CudaDriverError) or exc.name != "CUDA_ERROR_INVALID_DEVICE":
             raise
@@ -111,7 +111,7 @@ async def _make_dry(kind: str, index: int, settings: Settings) -> ComputeServer:
     else:
         options = settings.host_server_options()
         options["memory"] = settings.pool_layout(target.max_allocation)
-        return DryRunServer(target=target, alignment=ALIGNMENT, **options)
+        return DryRunServer(target=target, alignment=driver.ALIGNMENT, **options)
     probe = await run_blocking(probe_gpus)
     raise cannot_open(index, probe, failure) from None
 
@@ -119,9 +119,8 @@ async def _make_dry(kind: str, index: int, settings: Settings) -> ComputeServer:
 async def _make_cuda(index: int, settings: Settings) -> ComputeServer:
     """The CUDA server for GPU ``index``; any failure to open it is a DeviceError."""
     try:
-        from ..cuda.server import open_cuda_server
-
-        server: ComputeServer = await open_cuda_server(index, settings)
+        cuda = await run_blocking(_cuda_server)  # importing it takes tens of ms
+        server: ComputeServer = await cuda.open_cuda_server(index, settings)
         return server
     except AsyncCubeError as exc:
         if not isinstance(exc, CudaDriverError) or exc.name != "CUDA_ERROR_INVALID_DEVICE":
@@ -131,6 +130,21 @@ async def _make_cuda(index: int, settings: Settings) -> ComputeServer:
         failure = exc
     probe = await run_blocking(probe_gpus)
     raise cannot_open(index, probe, failure) from None
+
+
+def _cuda_server() -> ModuleType:
+    """The CUDA server's module, imported in a worker thread (cuda-bindings and the
+    server's modules take tens of milliseconds to import: not on the loop)."""
+    from ..cuda import server
+
+    return server
+
+
+def _cuda_driver() -> ModuleType:
+    """The CUDA driver's module (as :func:`_cuda_server`)."""
+    from ..cuda import driver
+
+    return driver
 
 
 def cannot_open(index: int, probe: GpuProbe, failure: BaseException) -> DeviceError:
