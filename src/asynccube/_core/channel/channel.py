@@ -329,7 +329,8 @@ class Channel(Settling):
             if activate is not None:
                 activate()
             pending = op(*args)
-            if pending is not None:
+            if pending is not None:  # it waits (a compile, a worker, another client):
+                self._end_batch()  # what is buffered goes now, as at any yield
                 self._blocked = True
                 try:
                     await pending

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..values.stream_id import StreamId
 from ..values.types import Binding
-from .staged_reduce import failed, submit
+from .staged_reduce import failed
 
 if TYPE_CHECKING:
     from .client import ComputeClient
@@ -81,7 +81,6 @@ def _issue_when_prepared(first: ComputeClient, job: tuple[Any, ...]) -> Any:
 async def _issue_later(first: ComputeClient, job: tuple[Any, ...]) -> None:
     pairs, sides, issued, path = job[0], job[1], job[2], job[6]
     backend = first._channel.backend
-    submit(first)
     try:
         for side in sides:
             if not side.done():
@@ -149,7 +148,6 @@ async def _after_later(
     stream: StreamId,
     n: int,
 ) -> None:
-    submit(client)
     await client._channel.backend.wait(issued)  # tracked by the first client's channel
     client._channel.activate()
     _after(client, binding, side, issued, stream, n)

@@ -27,7 +27,7 @@ from ..values.types import Binding, CopyDescriptor
 if TYPE_CHECKING:
     from .client import ComputeClient
 
-__all__ = ["INLINE_BYTES", "failed", "reduce_arrays", "staged", "submit"]
+__all__ = ["INLINE_BYTES", "failed", "reduce_arrays", "staged"]
 
 INLINE_BYTES: Final = 1 << 20
 """Reductions over fewer bytes (all inputs together) run on the loop; larger ones in
@@ -106,7 +106,6 @@ async def _reduce_later(
     small: bool,
 ) -> None:
     backend = first._channel.backend
-    submit(first)
     try:
         for read in reads:
             if not read.done():
@@ -157,7 +156,6 @@ def _write_when_reduced(
 async def _write_later(
     client: ComputeClient, binding: Binding, reduced: asyncio.Future[Any], stream: StreamId, n: int
 ) -> None:
-    submit(client)
     await client._channel.backend.wait(reduced)  # tracked by the first client's channel
     client._channel.activate()
     pending = _write(client, binding, reduced, stream, n)
@@ -176,13 +174,6 @@ def _write(
     data = value.view(np.uint8)
     desc = CopyDescriptor(binding, (data.nbytes,), (1,), 1)
     return client._movement.write_on_actor(stream, [(desc, data)])
-
-
-def submit(client: ComputeClient) -> None:
-    """End the client's batch before its actor waits on another client: work queued
-    so far (this call's read) must reach the device, or the wait would never end."""
-    client._channel.activate()
-    client.server.end_batch()
 
 
 def failed(
