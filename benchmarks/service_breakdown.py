@@ -59,118 +59,70 @@ async def _run(step_for: Callable[[], Awaitable[Step]], tasks: int, requests: in
 
 
 def _variants(p: Any, work: Workload, body: bytes) -> dict[str, Callable[[], Awaitable[Step]]]:
-    client, kernel, count, nbytes = p.client, p.kernel, p.count, p.nbytes
+    client, nbytes = p.client, p.nbytes
 
-    async def numpy_step() -> Step:
-        async def step(i: int) -> None:
-            work.host(np.frombuffer(body, np.float32)).tobytes()
+    def launch(data: Any) -> Any:
+        x = client.create(data)
+        y = client.empty(nbytes)
+        client.execute(p.kernel, p.count, p.bindings(x, y))
+        return y
 
-        return step
-
-    async def create_step() -> Step:
-        async def step(i: int) -> None:
-            client.create(body)
-
-        return step
-
-    async def launch_step() -> Step:
-        async def step(i: int) -> None:
-            x = client.create(body)
-            y = client.empty(nbytes)
-            client.execute(kernel, count, p.bindings(x, y))
-
-        return step
-
-    async def read_step() -> Step:
-        y = client.create(body)
-
-        async def step(i: int) -> None:
-            await client.read([y])
-
-        return step
-
-    async def read_into_step() -> Step:
-        y = client.create(body)
-        out = bytearray(nbytes)
+    async def out_buffer(kind: str | None) -> Any:
+        """Where a read lands: None (new ``bytes``), a ``bytearray`` or a staging buffer."""
+        if kind is None:
+            return None
         if not hasattr(client, "read_into"):
-            raise NotImplementedError
+            raise NotImplementedError  # an older tree
+        return (await client.staging([nbytes]))[0] if kind == "pinned" else bytearray(nbytes)
 
-        async def step(i: int) -> None:
-            await client.read_into(y, out)
+    async def fetch(y: Any, out: Any) -> None:
+        await (client.read([y]) if out is None else client.read_into(y, out))
 
-        return step
+    def plain(fn: Callable[[], Any]) -> Callable[[], Awaitable[Step]]:
+        async def make() -> Step:
+            async def step(i: int) -> None:
+                fn()
 
-    async def full_step() -> Step:
-        async def step(i: int) -> None:
-            x = client.create(body)
-            y = client.empty(nbytes)
-            client.execute(kernel, count, p.bindings(x, y))
-            await client.read([y])
+            return step
 
-        return step
+        return make
 
-    async def full_into_step() -> Step:
-        out = bytearray(nbytes)
-        if not hasattr(client, "read_into"):
-            raise NotImplementedError
+    def read_only(kind: str | None) -> Callable[[], Awaitable[Step]]:
+        async def make() -> Step:
+            y, out = client.create(body), await out_buffer(kind)
 
-        async def step(i: int) -> None:
-            x = client.create(body)
-            y = client.empty(nbytes)
-            client.execute(kernel, count, p.bindings(x, y))
-            await client.read_into(y, out)
+            async def step(i: int) -> None:
+                await fetch(y, out)
 
-        return step
+            return step
 
-    async def full_pinned_step() -> Step:
-        if not hasattr(client, "read_into"):
-            raise NotImplementedError
-        (out,) = await client.staging([nbytes])
+        return make
 
-        async def step(i: int) -> None:
-            x = client.create(body)
-            y = client.empty(nbytes)
-            client.execute(kernel, count, p.bindings(x, y))
-            await client.read_into(y, out)
+    def full(kind: str | None, pinned_in: bool = False) -> Callable[[], Awaitable[Step]]:
+        async def make() -> Step:
+            out = await out_buffer(kind)
+            inp = (await client.staging([nbytes]))[0] if pinned_in else None
 
-        return step
+            async def step(i: int) -> None:
+                if inp is not None:
+                    inp[:] = np.frombuffer(body, np.uint8)
+                await fetch(launch(body if inp is None else inp), out)
 
-    async def pinned_both_step() -> Step:
-        if not hasattr(client, "read_into"):
-            raise NotImplementedError
-        inp, out = await client.staging([nbytes, nbytes])
+            return step
 
-        async def step(i: int) -> None:
-            inp[:] = np.frombuffer(body, np.uint8)
-            x = client.create(inp)
-            y = client.empty(nbytes)
-            client.execute(kernel, count, p.bindings(x, y))
-            await client.read_into(y, out)
-
-        return step
-
-    async def read_into_pinned_step() -> Step:
-        if not hasattr(client, "read_into"):
-            raise NotImplementedError
-        y = client.create(body)
-        (out,) = await client.staging([nbytes])
-
-        async def step(i: int) -> None:
-            await client.read_into(y, out)
-
-        return step
+        return make
 
     return {
-        "full_pinned": full_pinned_step,
-        "pinned_both": pinned_both_step,
-        "read_into_pinned": read_into_pinned_step,
-        "numpy": numpy_step,
-        "create": create_step,
-        "launch": launch_step,
-        "read": read_step,
-        "read_into": read_into_step,
-        "full": full_step,
-        "full_into": full_into_step,
+        "numpy": plain(lambda: work.host(np.frombuffer(body, np.float32)).tobytes()),
+        "create": plain(lambda: client.create(body)),
+        "launch": plain(lambda: launch(body)),
+        "read": read_only(None),
+        "read_into": read_only("bytearray"),
+        "read_into_pinned": read_only("pinned"),
+        "full": full(None),
+        "full_into": full("bytearray"),
+        "full_pinned": full("pinned"),
+        "pinned_both": full("pinned", pinned_in=True),
     }
 
 
