@@ -1,6 +1,7 @@
 """The task of one host kernel launch: the kernel's host function over numpy views of
 its bindings, run on a worker thread; the launch limits checked (those of a GPU, so a
-kernel that runs here runs there), and views kept past the launch refused."""
+kernel that runs here runs there), a count with a zero dimension (UNCHECKED) running
+nothing, as on a GPU, and views kept past the launch refused."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ def kernel_task(
             dims = read_count(count_view)
             if checked:
                 check_launch(kernel.id, "host", dims, HOST_LIMITS, kernel.cuda)
+        if not (dims[0] and dims[1] and dims[2]):  # no cube: a GPU launches nothing
+            used.clear()
+            return
         handed = launch_views(views) if views else []
         launch = HostLaunch(handed, scalars, metadata, dims, launch_maps(maps))
         guard = LaunchGuard(launch)  # views kept past the launch fail it (kernel.py)

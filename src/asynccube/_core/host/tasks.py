@@ -17,7 +17,7 @@ from ..profiling.records import KernelRecorder, RecordKind
 from ..values.stream_id import StreamId
 from .worker import HostCompletion
 
-__all__ = ["completing", "failed", "guarded", "recorded"]
+__all__ = ["completing", "failed", "guarded", "recorded", "wrapped"]
 
 T = TypeVar("T")
 
@@ -31,22 +31,39 @@ def guarded(
 ) -> Callable[[], None]:
     """``fn`` as a worker task whose error is held for the logical ``stream``; the
     buffers it writes (memory ids ``written``) are tainted if it fails, and their taints
-    cleared if it succeeds."""
+    cleared if it succeeds. Whatever ``fn`` raises, a ``BaseException`` such as
+    ``SystemExit`` or ``KeyboardInterrupt`` included, fails the command, never the
+    worker thread (see :func:`wrapped`)."""
 
     def task() -> None:
         try:
             fn()
         except AsyncCubeError as exc:
             failed(held, stream, written, exc)
-        except Exception as exc:
-            err = ExecutionError(f"{what} failed on {stream}: {type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-            failed(held, stream, written, err)
+        except BaseException as exc:
+            failed(held, stream, written, wrapped(exc, f"{what} failed on {stream}"))
         else:
             if held._tainted:
                 held.clear(written)
 
     return task
+
+
+def wrapped(exc: BaseException, what: str) -> ExecutionError:
+    """``exc``, raised by user code on a worker thread, as the :class:`ExecutionError`
+    that the awaiting call raises (its ``__cause__``: ``exc``). A ``BaseException`` that
+    is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``)
+    is wrapped too: raised on the event loop as it is, it would stop the loop (asyncio
+    and trio let those through to end the program), although it only ended the kernel;
+    a real Ctrl-C or ``sys.exit()`` reaches the main thread, never a worker."""
+    err = ExecutionError(f"{what}: {type(exc).__name__}: {exc}")
+    if not isinstance(exc, Exception):
+        err.add_note(
+            f"{type(exc).__name__} is a BaseException; raised by host code in a worker "
+            "thread, it fails only that command (the worker goes on): see the errors guide"
+        )
+    err.__cause__ = exc
+    return err
 
 
 def failed(held: HeldErrors, stream: StreamId, written: Sequence[int], exc: BaseException) -> None:

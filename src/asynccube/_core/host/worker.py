@@ -85,8 +85,10 @@ class HostStream:
 
     Tasks submitted during one batch of the actor are buffered and handed to the worker
     together at ``flush()`` (one wake-up per batch, not per task). A task that raises
-    does not stop the stream: the first error is held (later ones are attached as notes)
-    until an awaited operation on this stream takes it.
+    does not stop the stream, whatever it raises (a ``BaseException`` such as
+    ``SystemExit`` included: the thread would end, and every later task of the stream
+    with it, and ``close()`` would wait for it forever): the first error is held (later
+    ones are attached as notes) until an awaited operation on this stream takes it.
     """
 
     __slots__ = ("_batch", "_dirty", "_errors", "_queue", "finished", "name", "submitted")
@@ -152,7 +154,7 @@ class HostStream:
             task()
         except AsyncCubeError as exc:
             self._errors.append(exc)
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit & co. too: nothing ends the worker
             err = ExecutionError(f"{type(exc).__name__}: {exc}")
             err.__cause__ = exc
             self._errors.append(err)
