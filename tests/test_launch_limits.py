@@ -32,8 +32,6 @@ def _small_add(client: ac.ComputeClient) -> ac.Bindings:
 @pytest.mark.parametrize(
     ("count", "match"),
     [
-        ((0, 1, 1), "zero dimension"),
-        ((1, 0, 1), "zero dimension"),
         ((2**31, 1, 1), "along x"),
         ((1, 65536, 1), "along y"),
         ((1, 1, 65536), "along z"),
@@ -47,6 +45,15 @@ async def test_checked_launch_outside_the_limits_is_refused(
     with pytest.raises(ac.InvalidArgument, match=f"kernel 'test_add_f32' on .*{match}"):
         await client.sync()
     await client.sync()  # the client keeps serving
+
+
+@pytest.mark.parametrize("count", [(0, 1, 1), (1, 0, 1), (1, 1, 0)])
+async def test_a_checked_launch_of_zero_cubes_is_refused_at_the_call(
+    client: ac.ComputeClient, count: tuple[int, int, int]
+) -> None:
+    with pytest.raises(ac.InvalidArgument, match=r"execute: cube count .* zero dimension"):
+        client.execute(ADD, ac.CubeCount(*count), _small_add(client))
+    await client.sync()  # nothing was queued, nothing held
 
 
 async def test_a_block_too_large_is_refused(client: ac.ComputeClient) -> None:

@@ -82,3 +82,44 @@ def test_every_spelling_of_a_dtype_gives_the_one_dtype_object() -> None:
 def test_bad_scalars_are_refused_with_the_reason(ty: object, values: object, match: str) -> None:
     with pytest.raises(ac.ScalarTypeError, match=match):
         ScalarBinding(ty, values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("ty", "values", "match"),
+    [
+        (np.uint32, np.array([-1]), r"^scalar -1 \(in the array given\) does not fit in uint32"),
+        (np.int8, np.array([5, 300]), r"^scalar 300 \(in the array given\) does not fit in int8"),
+        (np.uint64, np.array([2.0**64]), r"does not fit in uint64"),
+        (np.int32, np.array([2.0, 1.5]), r"^scalar 1\.5 \(in the array given\) is not an integer"),
+        (np.int16, np.array([np.nan], np.float32), r"^scalar nan .* is not an integer"),
+        (np.float16, np.array([1e6], np.float32), r"^scalar 1000000\.0 .* does not fit in float16"),
+        (np.float32, np.array([-1e300]), r"^scalar -1e\+300 .* does not fit in float32"),
+        (np.int8, np.int64(300), r"^scalar 300 does not fit in int8"),
+        (np.uint8, np.uint16(256), r"^scalar 256 does not fit in uint8"),
+        (np.uint32, np.int32(-1), r"^scalar -1 does not fit in uint32"),
+        (np.uint8, np.float64(2.5), r"^scalar np\.float64\(2\.5\) is a float64, not a uint8"),
+    ],
+)
+def test_arrays_and_numpy_scalars_that_do_not_fit_are_refused_with_the_value(
+    ty: type[np.generic], values: object, match: str
+) -> None:
+    with pytest.raises(ac.ScalarTypeError, match=match) as info:
+        ac.Bindings().with_scalar(ty, values)  # type: ignore[arg-type]
+    assert "astype" not in str(info.value)  # a cast that would wrap is never advised
+    assert "an array" not in str(info.value) or isinstance(values, np.ndarray)
+
+
+def test_a_numpy_scalar_that_fits_is_packed_as_numpy_packs_it() -> None:
+    for ty, value in ((np.int8, np.int64(-128)), (np.uint32, np.uint8(7)), (np.float32, 2.5)):
+        sb = ac.Bindings().with_scalar(ty, np.float64(value) if ty is np.float32 else value)
+        assert sb.scalars[np.dtype(ty)].data == _numpy_bytes(np.dtype(ty), [value])
+
+
+def test_an_array_of_another_dtype_whose_values_fit_is_told_the_cast() -> None:
+    values = np.array([0, 7, 2**31], np.int64)
+    with pytest.raises(ac.ScalarTypeError, match=r"every value fits.*\.astype\(np\.uint32\)"):
+        ac.Bindings().with_scalar(np.uint32, values)
+    packed = ac.Bindings().with_scalar(np.uint32, values.astype(np.uint32))
+    assert packed.scalars[np.dtype(np.uint32)].values().tolist() == values.tolist()
+    with pytest.raises(ac.ScalarTypeError, match=r"given an array of bool; convert"):
+        ac.Bindings().with_scalar(np.uint8, np.array([True]))

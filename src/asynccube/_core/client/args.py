@@ -9,7 +9,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidHandle
+from ..server.launch_limits import grid_problem
 from ..server.protocol import BytesLike
 from ..values.bindings import Bindings, CubeCount
 from ..values.kernel import Kernel
@@ -35,6 +36,18 @@ def _whole(value: object) -> CopyDescriptor:
         raise InvalidArgument(f"expected a Binding or Handle, got {type(value).__name__}")
     size = value.size
     return CopyDescriptor(value, (size,), (1,), 1)
+
+
+def _read_item(value: object) -> CopyDescriptor:
+    """What ``read`` reads of ``value``: a tensor's elements (densely packed), a
+    binding's or handle's whole bytes."""
+    if isinstance(value, Tensor):
+        return value.copy_descriptor()
+    if isinstance(value, Handle | Binding):
+        return _whole(value)
+    raise InvalidArgument(
+        f"read: expected a Binding or Handle (or a Tensor), got {type(value).__name__}"
+    )
 
 
 def _descriptor(value: object) -> CopyDescriptor:
@@ -109,6 +122,37 @@ def _write_items(items: object, extra: tuple[object, ...]) -> Sequence[Any]:
     return items
 
 
+def _foreign(method: str, binding: Binding | Handle) -> InvalidHandle:
+    """The InvalidHandle of ``method`` given ``binding`` of another (or a closed) client."""
+    return InvalidHandle(
+        f"{method}: {binding!r} belongs to another client (or to a closed one); use "
+        "handles only with the client that created them (client.to_client(handle, other) "
+        "copies one across)"
+    )
+
+
+def _foreign_launch(owner: object, count: CubeCount, bindings: Bindings) -> None:
+    """``execute``'s refusal at the call of a binding the server would only meet when
+    the launch runs (failing it, and tainting its other buffers): a buffer, a tensor
+    map's buffer or a dynamic count of another client. ``owner``: the token this
+    client's handles carry. O(1) per binding."""
+    for b in bindings.buffers:
+        if b.memory.queue is not owner:
+            raise _foreign("execute", b)
+    for t in bindings.tensor_maps:
+        if t.binding.memory.queue is not owner:
+            raise _foreign("execute", t.binding)
+    if count.binding is not None and count.binding.memory.queue is not owner:
+        raise _foreign("execute", count.binding)
+
+
+def _zero_count(count: CubeCount) -> None:
+    """A CHECKED launch of a static count with a zero dimension, refused at the call
+    (every server refuses it, as a GPU does)."""
+    problem = grid_problem((count.x, count.y, count.z), (2**32, 2**32, 2**32))
+    raise InvalidArgument(f"execute: {problem}")
+
+
 def _bad_execute(kernel: object, count: object, bindings: object, mode: object) -> None:
     for name, value, cls in (
         ("kernel", kernel, Kernel),
@@ -156,8 +200,11 @@ def _array_layout(
     return dt, dims
 
 
-def _dtype(name: str, value: npt.DTypeLike) -> np.dtype[Any]:
-    """``value`` as a numpy dtype of fixed-size plain data, or InvalidArgument naming it."""
+def _dtype(
+    name: str, value: npt.DTypeLike, use: str = "a numeric or bool dtype such as np.float32"
+) -> np.dtype[Any]:
+    """``value`` as a numpy dtype of fixed-size plain data, or InvalidArgument naming it
+    (and ``use``: what to give instead)."""
     try:
         dt = np.dtype(value)
     except TypeError as exc:
@@ -167,19 +214,41 @@ def _dtype(name: str, value: npt.DTypeLike) -> np.dtype[Any]:
     if dt.hasobject or dt.itemsize == 0:
         raise InvalidArgument(
             f"{name}={dt} is not plain fixed-size data (an object, or a flexible dtype of "
-            "no size); use a numeric or bool dtype such as np.float32"
+            f"no size); use {use}"
         )
     return dt
 
 
+_SIZES: Final = {"b": (1,), "i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 8), "c": (8, 16)}
+"""The item sizes of each kind a kernel computes on and DLPack exports (no longdouble)."""
+SUPPORTED_DTYPES: Final = (
+    "bool, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float16, float32, "
+    "float64, complex64 or complex128, in native byte order"
+)
+"""The dtypes a tensor may have, as the refusals name them."""
+
+
 def _numeric_dtype(name: str, value: npt.DTypeLike) -> np.dtype[Any]:
-    """``value`` as a numeric or bool numpy dtype (what a kernel and DLPack take), or
-    InvalidArgument naming it (strings, structured, datetimes and objects are refused)."""
-    dt = _dtype(name, value)
-    if dt.kind not in "biufc":
+    """``value`` as a dtype a tensor may have (what a kernel computes on and DLPack
+    exports: :data:`SUPPORTED_DTYPES`), or InvalidArgument naming it and them: strings,
+    structured, datetimes, objects, ``longdouble`` and non-native byte orders (``>f4``)
+    are refused."""
+    dt = _dtype(name, value, f"one of {SUPPORTED_DTYPES}")
+    if dt.kind not in _SIZES or dt.fields is not None or dt.subdtype is not None:
         raise InvalidArgument(
-            f"{name}={dt} is not a numeric or bool dtype; use one such as np.float32, "
-            "np.int64 or np.bool_ (create_array copies an array of any plain dtype)"
+            f"{name}={dt} is not a numeric or bool dtype; use one of {SUPPORTED_DTYPES} "
+            "(e.g. np.float32)"
+        )
+    if not dt.isnative:
+        raise InvalidArgument(
+            f"{name}={dt} is not in the machine's byte order, which kernels and "
+            f"DLPack need; convert it (arr.astype(arr.dtype.newbyteorder('='))), or use "
+            f"one of {SUPPORTED_DTYPES}"
+        )
+    if dt.itemsize not in _SIZES[dt.kind]:
+        raise InvalidArgument(
+            f"{name}={dt} ({dt.itemsize} bytes) is a dtype no kernel computes on and DLPack "
+            f"cannot export; use one of {SUPPORTED_DTYPES} (e.g. .astype(np.float64))"
         )
     return dt
 

@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from ..errors import InvalidArgument
 from ..values.types import AllocationKind, Binding, CopyDescriptor, Handle
-from .args import _array_layout, _dims, _numeric_dtype, _same_as_tensor, _whole
+from .args import _array_layout, _dims, _foreign, _numeric_dtype, _same_as_tensor, _whole
 from .interop import import_dlpack, tensor_strides
 from .parts import ClientParts
 from .tensor import Tensor
@@ -42,7 +42,15 @@ def tensor(
     strides: Sequence[int] | None,
 ) -> Tensor:
     """See :meth:`ComputeClient.tensor`."""
-    view = Tensor(handle, shape, tensor_strides(shape, strides), dtype, client)
+    if not isinstance(handle, Handle):
+        raise InvalidArgument(
+            f"tensor: handle must be a Handle (client.create/empty), got {type(handle).__name__}"
+        )
+    owner = getattr(client.server, "handle_owner", None)
+    if owner is not None and handle.memory.queue is not owner:
+        raise _foreign("tensor", handle)
+    dt = _numeric_dtype("tensor: dtype", dtype)
+    view = Tensor(handle, shape, tensor_strides(shape, strides), dt, client)
     needed = view.nbytes_spanned()
     if needed > handle.size:
         raise InvalidArgument(

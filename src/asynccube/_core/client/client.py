@@ -55,7 +55,15 @@ from ..values.types import (
     Handle,
 )
 from . import arrays
-from .args import DataLike, _bad_execute, _items, _whole
+from .args import (
+    DataLike,
+    _bad_execute,
+    _foreign_launch,
+    _items,
+    _numeric_dtype,
+    _read_item,
+    _zero_count,
+)
 from .coordination import ClientCoordination
 from .dispatch import Dispatch
 from .graph import Graph, capture, release_graphs
@@ -72,6 +80,7 @@ from .transfer import to_client
 __all__ = ["ComputeClient"]
 
 _get_running_loop = asyncio._get_running_loop
+_CHECKED = ExecutionMode.CHECKED
 
 
 class ComputeClient(ClientCoordination, ClientSurface):
@@ -98,6 +107,9 @@ class ComputeClient(ClientCoordination, ClientSurface):
         self._server = server
         self._channel = channel = Channel(server, loop, batch_seconds)
         self._jobs = JobThread(loop)
+        # The token this server's handles carry (``handle.memory.queue``): a binding of
+        # another client is refused at the call (None: a server without one, unchecked).
+        self._owner: object = getattr(server, "handle_owner", None)
         self._graph_registry: Any = None  # graph.py's registry, once a capture ran
         # Optional: a server's one-call launch route (CUDA: cuda/fast.py), offered each
         # launch first; it declines (False) whatever it does not take, before any change.
@@ -232,15 +244,16 @@ class ComputeClient(ClientCoordination, ClientSurface):
         data is snapshotted or borrowed as for :meth:`create`."""
         self._movement.write(items, *extra)
 
-    def read(self, bindings: Sequence[Binding | Handle]) -> asyncio.Future[list[bytes]]:
-        """The bytes of each binding (awaitable)."""
+    def read(self, bindings: Sequence[Binding | Handle | Tensor]) -> asyncio.Future[list[bytes]]:
+        """The bytes of each binding (awaitable); of a :class:`Tensor`, its elements,
+        densely packed (as ``read_tensor([tensor])``: a pitched one without its padding)."""
         fast = self._fast  # FastLaunch.read: a small read of one buffer in one call
         if fast is not None and type(bindings) in (list, tuple) and len(bindings) == 1:
             done = fast.read(bindings[0])
             if done is not None:
                 return done  # type: ignore[no-any-return]
         self._channel.check()
-        descs = [_whole(b) for b in _items("read", "bindings", bindings)]
+        descs = [_read_item(b) for b in _items("read", "bindings", bindings)]
         channel = self._channel
         return channel.request(self._movement.read_on_actor, StreamId.current(), descs)
 
@@ -299,6 +312,15 @@ class ComputeClient(ClientCoordination, ClientSurface):
             _bad_execute(kernel, count, bindings, mode)
         if type(bindings) is not Bindings or type(mode) is not ExecutionMode:
             _bad_execute(kernel, count, bindings, mode)
+        if mode is _CHECKED and not (count.x and count.y and count.z):
+            _zero_count(count)  # refused at the call: a GPU refuses it too
+        owner = self._owner  # a buffer of another client: refused at the call, O(1) each
+        if owner is not None:
+            for b in bindings.buffers:
+                if b.memory.queue is not owner:
+                    _foreign_launch(owner, count, bindings)
+            if bindings.tensor_maps or count.binding is not None:
+                _foreign_launch(owner, count, bindings)
         if count.binding is not None and channel.guard is not None:
             channel.guard("execute with a dynamic CubeCount")  # its count is read back first
         launch = self._launcher.launch
@@ -322,10 +344,14 @@ class ComputeClient(ClientCoordination, ClientSurface):
         return await self._profiler.timeline(self.device)
 
     def create_array(self, array: npt.ArrayLike) -> Tensor:
-        """A new tensor holding a copy of ``array`` (contiguous layout)."""
+        """A new tensor holding a copy of ``array`` (contiguous layout, the same shape: a
+        0-d array makes a 0-d tensor). Its dtype must be one a kernel computes on and
+        DLPack exports (numeric or bool, native byte order): others raise
+        InvalidArgument naming those."""
         # An ndarray goes as it is (a strided one too): the host server borrows a large
         # one and packs it off the loop; anything else is converted here.
-        arr = array if type(array) is np.ndarray and array.ndim else np.ascontiguousarray(array)
+        arr = array if type(array) is np.ndarray else np.asarray(array)
+        _numeric_dtype("create_array: dtype", arr.dtype)
         handle = self.create(arr)
         return arrays.create_array(self, handle, arr)
 
@@ -335,7 +361,8 @@ class ComputeClient(ClientCoordination, ClientSurface):
         dtype: npt.DTypeLike,
         kind: AllocationKind = AllocationKind.CONTIGUOUS,
     ) -> Tensor:
-        """A new uninitialized tensor of ``shape`` and ``dtype`` (numeric or bool)."""
+        """A new uninitialized tensor of ``shape`` and ``dtype`` (numeric or bool, native
+        byte order)."""
         return arrays.empty_array(self, shape, dtype, kind)
 
     def tensor(
@@ -346,7 +373,9 @@ class ComputeClient(ClientCoordination, ClientSurface):
         strides: Sequence[int] | None = None,
     ) -> Tensor:
         """A typed view of ``handle`` (C-contiguous unless ``strides``, in elements,
-        are given) that exports through DLPack (``np.from_dlpack(view)``)."""
+        are given) that exports through DLPack (``np.from_dlpack(view)``). A handle of
+        another client raises InvalidHandle; a dtype no kernel computes on,
+        InvalidArgument."""
         return arrays.tensor(self, handle, shape, dtype, strides)
 
     def from_dlpack(self, obj: Any) -> Tensor:

@@ -23,6 +23,7 @@ from ..values.types import Binding, CopyDescriptor, Handle
 from .args import (
     DataLike,
     _descriptor,
+    _foreign,
     _forget_staging,
     _is_int,
     _items,
@@ -57,6 +58,9 @@ class DataMovement:
         # Optional: a server-side snapshot of large data (CUDA: straight into pinned memory).
         self._server_snapshot: Callable[[Any], Any] | None = getattr(server, "snapshot", None)
         self._staging: dict[int, weakref.ref[npt.NDArray[np.uint8]]] = {}
+        # The token this server's handles carry: a write into another client's buffer
+        # is refused at the call (None: a server without one, unchecked).
+        self._owner: object = getattr(server, "handle_owner", None)
 
     # -- host data on its way in --------------------------------------------------------
 
@@ -94,6 +98,11 @@ class DataMovement:
         """See :meth:`ComputeClient.write`."""
         self._channel.check()
         copies = [(_descriptor(d), self.snapshot(data)) for d, data in _write_items(items, extra)]
+        owner = self._owner
+        if owner is not None:
+            for desc, _ in copies:
+                if desc.binding.memory.queue is not owner:
+                    raise _foreign("write", desc.binding)
         self._channel.send(self.write_on_actor, StreamId.current(), copies)
 
     def write_on_actor(self, stream: StreamId, copies: list[tuple[CopyDescriptor, Any]]) -> Any:

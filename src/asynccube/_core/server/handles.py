@@ -48,6 +48,13 @@ class SliceServer(Generic[M]):
         """True if ``binding`` was minted by this server (any thread)."""
         return binding.memory.queue is self._table.queue
 
+    @property
+    def handle_owner(self) -> object:
+        """The token every handle minted here carries (``handle.memory.queue``): a
+        handle is this server's exactly when it carries this one (the client's O(1)
+        check at the call, without a call per binding)."""
+        return self._table.queue
+
     def check_binding(self, binding: Binding) -> None:
         """Raise InvalidHandle unless ``binding`` has memory on this server."""
         self._table.get(binding)

@@ -109,10 +109,10 @@ class ScalarBinding:
 
     def __init__(self, ty: npt.DTypeLike, values: npt.ArrayLike) -> None:
         dt = scalar_dtype(ty)
-        if isinstance(values, np.ndarray | np.generic):
+        if isinstance(values, np.ndarray):
             arr = _scalar_array(dt, values)
             length, raw = int(arr.size), arr.tobytes()
-        else:  # Python numbers: checked one by one, packed without numpy
+        else:  # Python numbers and numpy scalars: checked one by one, packed without numpy
             items = list(values) if isinstance(values, Iterable) else [values]
             length = len(items)
             raw = struct.pack(f"={length}{_PACK[dt]}", *[_checked_scalar(dt, v) for v in items])
@@ -132,14 +132,60 @@ class ScalarBinding:
 
 
 def _scalar_array(
-    dt: np.dtype[np.generic], values: npt.NDArray[np.generic] | np.generic
+    dt: np.dtype[np.generic], values: npt.NDArray[np.generic]
 ) -> npt.NDArray[np.generic]:
     if values.dtype != dt:
-        raise ScalarTypeError(
-            f"scalars declared {dt} but given an array of {values.dtype}; "
-            f"cast with .astype(np.{dt.name}) or declare {values.dtype}"
-        )
+        raise ScalarTypeError(_mismatch(dt, values))
     return np.ascontiguousarray(values, dtype=dt).reshape(-1)
+
+
+def _mismatch(dt: np.dtype[np.generic], values: npt.NDArray[Any]) -> str:
+    """Why an array of another dtype than the declared ``dt`` is refused: a value that
+    does not fit ``dt`` (as the Python-number path says it), else the cast to make
+    (safe then: every value fits). Vectorised (min/max), off the matching-dtype path."""
+    unfit = _first_unfit(dt, values)
+    if unfit:
+        return unfit
+    if values.dtype.kind not in "iuf":
+        return (
+            f"scalars declared {dt} but given an array of {values.dtype}; convert the "
+            f"values to numbers of {dt}, or declare another scalar dtype"
+        )
+    return (
+        f"scalars declared {dt} but given an array of {values.dtype}; every value fits, so "
+        f"cast with .astype(np.{dt.name}), or declare {values.dtype}"
+    )
+
+
+def _first_unfit(dt: np.dtype[np.generic], values: npt.NDArray[Any]) -> str:
+    """The refusal of the first value of ``values`` (ints or floats) that ``dt`` cannot
+    hold exactly in range (``""`` if none): ``-1 does not fit in uint32``."""
+    kind = values.dtype.kind
+    if values.size == 0 or kind not in "iuf":
+        return ""
+    if dt.kind in "iu" and kind == "f":
+        whole = np.isfinite(values) & (values == np.trunc(values))
+        if not whole.all():
+            bad = values[~whole].reshape(-1)[0]
+            return f"scalar {bad.item()!r} (in the array given) is not an integer for dtype {dt}"
+    if dt.kind in "iu":
+        lo, hi = _INT_RANGE[dt]
+        low, high = values.min().item(), values.max().item()
+        if low < lo or high > hi:
+            bad = low if low < lo else high
+            return f"scalar {bad!r} (in the array given) does not fit in {dt}"
+        return ""
+    limit = _FLOAT_MAX[dt]
+    finite = values[np.isfinite(values)] if kind == "f" else values
+    if finite.size:
+        low, high = finite.min().item(), finite.max().item()
+        bad = low if -low > limit else high if high > limit else None
+        if bad is not None:
+            return (
+                f"scalar {bad!r} (in the array given) does not fit in {dt} (largest "
+                f"magnitude {limit:g}); declare a wider dtype"
+            )
+    return ""
 
 
 def _checked_scalar(dt: np.dtype[np.generic], value: object) -> object:
