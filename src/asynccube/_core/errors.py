@@ -71,7 +71,9 @@ class UnsupportedStrides(IoError):
 
 
 class InvalidHandle(IoError):
-    """A handle or binding does not belong to this client, was freed, or is out of range."""
+    """A handle or binding does not belong to this client, was freed, or is out of range.
+    One of another client given to ``execute``, ``write`` or ``client.tensor`` is refused
+    at the call (nothing is queued)."""
 
 
 class TaintedBuffer(IoError):
@@ -172,7 +174,10 @@ class DeviceError(AsyncCubeError):
 
 class ExecutionError(AsyncCubeError):
     """A kernel failed while it ran (fire-and-forget work); ``__cause__`` is the original
-    exception. Raised at the next awaited call on the stream that ran the kernel."""
+    exception. Raised at the next awaited call on the stream that ran the kernel. A host
+    kernel that raises a ``BaseException`` (``SystemExit``, ``KeyboardInterrupt``,
+    ``GeneratorExit``) fails the same way: it is this error's ``__cause__``, never
+    re-raised on the event loop, and the worker thread goes on."""
 
 
 class GraphCaptureError(AsyncCubeError):

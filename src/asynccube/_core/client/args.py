@@ -146,11 +146,11 @@ def _foreign_launch(owner: object, count: CubeCount, bindings: Bindings) -> None
         raise _foreign("execute", count.binding)
 
 
-def _zero_count(count: CubeCount) -> None:
-    """A CHECKED launch of a static count with a zero dimension, refused at the call
-    (every server refuses it, as a GPU does)."""
+def _zero_count(kernel: Kernel, count: CubeCount) -> None:
+    """A CHECKED launch of ``kernel`` over a static count with a zero dimension,
+    refused at the call (every server refuses it, as a GPU does)."""
     problem = grid_problem((count.x, count.y, count.z), (2**32, 2**32, 2**32))
-    raise InvalidArgument(f"execute: {problem}")
+    raise InvalidArgument(f"execute: kernel {kernel.id!r}: {problem}")
 
 
 def _bad_execute(kernel: object, count: object, bindings: object, mode: object) -> None:

@@ -313,7 +313,7 @@ class ComputeClient(ClientCoordination, ClientSurface):
         if type(bindings) is not Bindings or type(mode) is not ExecutionMode:
             _bad_execute(kernel, count, bindings, mode)
         if mode is _CHECKED and not (count.x and count.y and count.z):
-            _zero_count(count)  # refused at the call: a GPU refuses it too
+            _zero_count(kernel, count)  # refused at the call: a GPU refuses it too
         owner = self._owner  # a buffer of another client: refused at the call, O(1) each
         if owner is not None:
             for b in bindings.buffers:
