@@ -217,6 +217,39 @@ async def foreign_handle() -> None:
     await s.client.close()
 
 
+async def zero_count() -> None:
+    """A CHECKED launch of zero cubes is declined by the fast route and refused at the
+    call by the route (issue 37): nothing held; an UNCHECKED one is taken and launches
+    nothing, as the route's would."""
+    s = await Setup().ready()
+    hits, d0 = s.stats
+    for dims in ((0, 1, 1), (1, 0, 1), (1, 1, 0)):
+        refused = ""
+        try:
+            s.client.execute(ADD, ac.CubeCount(*dims), s.bindings)
+        except ac.InvalidArgument as exc:
+            refused = str(exc)
+        assert "zero dimension" in refused, f"a CHECKED launch of {dims} cubes: {refused!r}"
+    assert s.stats == (hits, d0 + 3), s.stats
+    await s.client.sync()  # nothing held
+    s.client.execute(ADD, ac.CubeCount(0), s.bindings, U)
+    assert s.stats == (hits + 1, d0 + 3), s.stats
+    await s.client.sync()
+    await s.client.close()
+
+
+async def read_tensor_item() -> None:
+    """``read([tensor])``: the fast read declines a Tensor, the route reads its elements
+    (issue 37)."""
+    s = await Setup().ready()
+    t = s.client.create_array(np.arange(8, dtype=np.uint8))
+    _, d0 = s.stats
+    data = await s.client.read([t])
+    assert len(data) == 1 and len(data[0]) == 8, data  # the fake driver copies nothing
+    assert s.stats[1] == d0 + 1, s.stats
+    await s.client.close()
+
+
 async def read_taken() -> None:
     """A small read of one buffer is taken once a spare buffer of its size exists, and
     its future is done before it is awaited."""
@@ -457,6 +490,8 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         new_task,
         launch_error,
         foreign_handle,
+        zero_count,
+        read_tensor_item,
         profiling,
         read_taken,
         read_declined,

@@ -23,7 +23,8 @@ from .conftest import native_module
 SCENARIOS = {
     "fast_launch_scenario.py": (
         "taken", "declined", "scalar_dtype", "other_stream", "new_task", "launch_error",
-        "foreign_handle", "profiling", "read_taken", "read_declined", "read_error", "sync_taken",
+        "foreign_handle", "zero_count", "read_tensor_item", "profiling", "read_taken",
+        "read_declined", "read_error", "sync_taken",
         "queued", "first_use",
         "closed",
     ),
