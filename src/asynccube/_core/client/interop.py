@@ -110,7 +110,10 @@ def export_dlpack(
     kwargs: dict[str, Any] = {"copy": copy} if copy is not None else {}
     if max_version is not None:
         kwargs["max_version"] = tuple(max_version)
-    return array.__dlpack__(**kwargs)
+    try:
+        return array.__dlpack__(**kwargs)
+    except (BufferError, TypeError, ValueError) as exc:  # numpy's, typed as the docs say
+        raise DLPackError(f"cannot export {tensor!r} through DLPack: {exc}") from exc
 
 
 def cuda_array_interface(tensor: TensorView) -> dict[str, Any]:
@@ -217,7 +220,10 @@ def _is_version(value: Any) -> bool:
 
 def _exported_array(tensor: TensorView, view: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
     """A numpy array over the tensor's bytes whose base (a ctypes buffer over the same
-    memory) keeps the tensor's handle, so its buffer, alive while the consumer holds it."""
+    memory) keeps the tensor's handle (so the pools never hand its slice to another
+    buffer) and the memory itself (``view``: the storage's page, or an imported
+    producer's memory) alive while the consumer holds it, whatever the client does:
+    closing it frees its pages, but not one an export still holds."""
     needed = tensor.nbytes_spanned()
     if needed > view.nbytes:
         raise InvalidArgument(
@@ -225,6 +231,7 @@ def _exported_array(tensor: TensorView, view: npt.NDArray[np.uint8]) -> npt.NDAr
         )
     buffer = (ctypes.c_char * max(needed, 1)).from_address(view.ctypes.data)
     buffer.handle = tensor.handle  # type: ignore[attr-defined]
+    buffer.memory = view  # type: ignore[attr-defined]
     itemsize = tensor.dtype.itemsize
     strides = tuple(s * itemsize for s in tensor.strides)
     return np.ndarray(tensor.shape, tensor.dtype, buffer=buffer, strides=strides)  # type: ignore[arg-type]
@@ -257,20 +264,47 @@ def _ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in items)
 
 
-def import_dlpack(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
-    """Bind ``obj``'s memory to a new handle without a copy; return the handle, shape
-    and dtype. What is bound keeps ``obj`` alive while the memory is in use."""
+def import_dlpack(
+    client: TensorClient, obj: Any, device: Any = None, copy: Any = None
+) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+    """Bind ``obj``'s memory to a new handle; return the handle, shape and dtype.
+
+    ``copy`` (the array API's): False shares the producer's memory or raises; True
+    binds a copy made now; None shares where it can and copies where it cannot
+    (read-only or non-contiguous memory). ``device``: None, or this client's device
+    (its string, or its DLPack ``(type, index)``). What is bound keeps the consumed
+    capsule (so the producer's memory) and ``obj`` alive while the memory is in use."""
     client._channel.check()
+    _check_import_request(client, device, copy)
     if dlpack_kind(client) == KDL_CUDA:
-        return _import_cuda(client, obj)
+        return _import_cuda(client, obj, copy)
     importer = getattr(client._server, "import_view", None)
     if importer is None:
         raise DLPackError(f"DLPack import is not supported on {client.device}")
-    array = _host_array(obj)
-    flat = np.asarray(_Imported(obj, array))
+    array = _host_array(obj, copy)
+    flat = np.asarray(_Imported(array))
     handle = client._server.new_handle(flat.nbytes, StreamId.current())
     client._channel.send(_bind, importer, handle, flat, StreamId.current())
     return handle, array.shape, array.dtype
+
+
+def _check_import_request(client: TensorClient, device: Any, copy: Any) -> None:
+    """DLPackError for a ``copy`` other than None/True/False, or a ``device`` other
+    than this client's."""
+    if copy is not None and copy is not True and copy is not False:
+        raise DLPackError(f"from_dlpack(copy={copy!r}): copy must be None, True or False")
+    if device is None or device == client.device:
+        return
+    if client.device == "host" and device == "cpu":
+        return
+    ours = _device_tuple(client.device)
+    if isinstance(device, tuple) and len(device) == 2 and tuple(device) == ours:
+        return
+    raise DLPackError(
+        f"from_dlpack(device={device!r}): this client makes tensors on {client.device} "
+        f"(DLPack device {ours}); pass device=None or {client.device!r}, or import into "
+        "a client of that device"
+    )
 
 
 def dlpack_kind(client: TensorClient) -> int:
@@ -278,10 +312,14 @@ def dlpack_kind(client: TensorClient) -> int:
     return KDL_CUDA if client.device.startswith("cuda") else KDL_CPU
 
 
-def _import_cuda(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+def _import_cuda(
+    client: TensorClient, obj: Any, copy: Any
+) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
     """A CUDA producer's memory: its work ordered before this task's stream (the
     producer is given that stream), then bound to a handle that keeps the consumed
-    capsule (and ``obj``) until the device has passed asynccube's last use."""
+    capsule (and ``obj``) until the device has passed asynccube's last use. A copy
+    (``copy=True``, or None where the memory cannot be shared) is the producer's own,
+    asked for with ``__dlpack__(copy=True)``: the capsule owns it."""
     index = int(client.device.partition(":")[2] or 0)
     device = _device_of(obj)
     if device != (KDL_CUDA, index):
@@ -291,8 +329,14 @@ def _import_cuda(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], 
         )
     server: Any = client._server
     stream = StreamId.current()
-    imported = take_capsule(obj, server.stream_handle(stream))
-    _check_imported(obj, imported)
+    imported = _take(obj, server.stream_handle(stream), copy)
+    why = _unshareable(obj, imported)
+    if why is not None and copy is None:
+        del imported  # its deleter runs: the producer may free what it lent
+        imported = _take(obj, server.stream_handle(stream), True)
+        why = _unshareable(obj, imported)
+    if why is not None:
+        raise DLPackError(why + ("" if copy is not False else _NO_COPY))
     assert imported.dtype is not None
     nbytes = math.prod(imported.shape) * imported.dtype.itemsize
     handle = server.new_handle(nbytes, stream)
@@ -300,18 +344,42 @@ def _import_cuda(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], 
     return handle, imported.shape, imported.dtype
 
 
-def _check_imported(obj: Any, imported: Imported) -> None:
+_NO_COPY = "; or pass copy=None (or True) to import a copy"
+
+
+def _take(obj: Any, stream: int | None, copy: Any) -> Imported:
+    """:func:`take_capsule`, its failures as DLPackError."""
+    name = type(obj).__name__
+    try:
+        return take_capsule(obj, stream, copy)
+    except DLPackError:
+        raise
+    except TypeError as exc:
+        if copy is not None:
+            raise DLPackError(
+                f"{name}.__dlpack__ takes no copy= (a producer of DLPack < 1.0), so it "
+                f"cannot be asked for a copy ({exc}); import it with copy=None"
+            ) from exc
+        raise DLPackError(f"cannot import {name} through DLPack: {exc}") from exc
+    except (BufferError, RuntimeError, ValueError) as exc:
+        raise DLPackError(f"cannot import {name} through DLPack: {exc}") from exc
+
+
+def _unshareable(obj: Any, imported: Imported) -> str | None:
+    """Why asynccube cannot work on the memory ``imported`` describes in place (None:
+    it can); a dtype no tensor can have is refused at once."""
     name = type(obj).__name__
     if imported.dtype is None:
         raise DLPackError(f"{name}: DLPack dtype (code, bits, lanes) {imported.type_code} "
                           "cannot be expressed in a Tensor")  # fmt: skip
     if imported.read_only:
-        raise DLPackError(f"{name} is read-only; asynccube kernels may write to any buffer")
+        return f"{name} is read-only; asynccube kernels may write to any buffer"
     if imported.strides != contiguous_strides(imported.shape) and 0 not in imported.shape:
-        raise DLPackError(
+        return (
             f"{name} is not C-contiguous (strides {imported.strides} for shape "
             f"{imported.shape}); import a contiguous one (e.g. .contiguous())"
         )
+    return None
 
 
 def _bind_cuda(importer: Any, handle: Any, imported: Imported, nbytes: int, stream: Any) -> None:
@@ -319,13 +387,15 @@ def _bind_cuda(importer: Any, handle: Any, imported: Imported, nbytes: int, stre
 
 
 class _Imported:
-    """The bytes of an imported array; as their base, it keeps the producer ``obj``
-    alive while any handle, binding or queued task refers to them."""
+    """The bytes of an imported array, as a flat ``uint8`` array's base: it keeps
+    ``array`` (whose own base keeps the consumed capsule, so the producer's memory,
+    and the producer object) alive while any handle, binding or queued task refers to
+    them."""
 
-    __slots__ = ("__array_interface__", "obj")
+    __slots__ = ("__array_interface__", "array")
 
-    def __init__(self, obj: Any, array: npt.NDArray[Any]) -> None:
-        self.obj = obj
+    def __init__(self, array: npt.NDArray[Any]) -> None:
+        self.array = array
         self.__array_interface__ = {
             "version": 3,
             "shape": (array.nbytes,),
@@ -338,32 +408,26 @@ def _bind(importer: Any, handle: Any, flat: npt.NDArray[np.uint8], stream: Strea
     importer(handle, flat, stream)
 
 
-def _host_array(obj: Any) -> npt.NDArray[Any]:
-    """``obj`` as a C-contiguous, writable numpy array sharing its memory, or a
-    DLPackError naming what stands in the way."""
+def _host_array(obj: Any, copy: Any) -> npt.NDArray[Any]:
+    """``obj``'s memory as a C-contiguous, writable numpy array: its own (kept alive
+    through the consumed capsule), or a copy made now where ``copy`` asks for one (or
+    is None and the memory is read-only or not contiguous); else a DLPackError naming
+    what stands in the way. A legacy (unversioned) capsule carries no read-only flag,
+    and its producer's contract is that the memory may be written: it is shared."""
     device = _device_of(obj)
     if device[0] != KDL_CPU:
         raise DLPackError(
             f"{type(obj).__name__} lives on DLPack device {device!r}, not on this "
             "client's host memory (kDLCPU, 1); import it into a client on that device"
         )
-    try:
-        array = np.from_dlpack(obj)
-    except (BufferError, TypeError, RuntimeError, ValueError) as exc:
-        raise DLPackError(f"cannot import {type(obj).__name__} through DLPack: {exc}") from exc
-    if not array.flags.writeable:
-        raise DLPackError(
-            f"{type(obj).__name__} is read-only; asynccube kernels may write to any "
-            "buffer, so import a writable array (e.g. a copy)"
-        )
-    if not array.flags.c_contiguous:
-        raise DLPackError(
-            f"{type(obj).__name__} is not C-contiguous (strides {array.strides} for "
-            f"shape {array.shape}); import a contiguous one (e.g. np.ascontiguousarray)"
-        )
-    if array.dtype.hasobject or array.dtype.kind not in "biufc":
-        raise DLPackError(f"dtype {array.dtype} cannot be expressed in a Tensor")
-    return array
+    imported = _take(obj, None, None)
+    why = _unshareable(obj, imported)
+    array = imported.array()
+    if copy is True or (copy is None and why is not None):
+        return np.array(array, order="C", copy=True)  # a copy made now, owned by numpy
+    if why is not None:
+        raise DLPackError(why + _NO_COPY)
+    return array  # type: ignore[no-any-return]
 
 
 def _device_of(obj: Any) -> tuple[int, int]:
