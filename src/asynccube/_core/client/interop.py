@@ -99,9 +99,9 @@ def export_dlpack(
     client._channel.check()
     device = _device_tuple(client.device)
     _check_request(device, stream, max_version, dl_device, copy)
-    _run_queued(client)
     if device[0] == KDL_CUDA:
         return _export_cuda(client, tensor, device, stream, max_version, copy)
+    _run_queued(client)
     exporter = getattr(client._server, "export_view", None)
     if exporter is None:
         raise DLPackError(f"DLPack export is not supported on {client.device}")
@@ -120,7 +120,9 @@ def cuda_array_interface(tensor: TensorView) -> dict[str, Any]:
     """``__cuda_array_interface__`` v3 of a tensor on a CUDA client: its address, and
     as ``stream`` the CUDA stream after whose queued work the data is complete (the
     consumer orders its own work after that stream). AttributeError elsewhere, so that
-    ``hasattr`` is False for tensors in host memory."""
+    ``hasattr`` is False for tensors in host memory. Commands still queued behind a
+    worker-thread job (a first launch's compile) are ordered before it through a gate
+    (the stream given is the server's export stream, waiting on the device for it)."""
     client = client_of(tensor)
     exporter = getattr(client._server, "export_pointer", None)
     if exporter is None:
@@ -128,10 +130,14 @@ def cuda_array_interface(tensor: TensorView) -> dict[str, Any]:
             f"__cuda_array_interface__: the tensor lives on {client.device}, not on a GPU"
         )
     client._channel.check()
-    _run_queued(client)
     if tensor.nbytes_spanned() > tensor.handle.size:
         raise InvalidArgument(f"{tensor!r} addresses more bytes than its buffer holds")
-    ptr, stream = exporter(tensor.binding(), StreamId.current())
+    server: Any = client._server
+    if client._channel.run_queued_inline() is None:
+        ptr, stream = exporter(tensor.binding(), StreamId.current())
+    else:
+        ptr, stream, gate = server.pointer_gated(tensor.binding())
+        _send_gate(client, gate, tensor)
     itemsize = tensor.dtype.itemsize
     return {
         "version": 3,
@@ -152,7 +158,11 @@ def _export_cuda(
     copy: Any,
 ) -> Any:
     """A kDLCUDA capsule; the consumer's ``stream`` waits on the device for asynccube's
-    work on the buffer (None: the legacy default stream, 1; -1: no ordering)."""
+    work on the buffer (None: the legacy default stream, 1; -1: no ordering), commands
+    still queued in the channel included: where they wait behind a worker-thread job
+    (a first launch's compile) the consumer's stream waits on a gate they open
+    (:mod:`..cuda.exports`). The capsule holds the handle and a lease that keeps the
+    memory, and the context, past ``client.close()`` until the consumer's deleter."""
     if copy is True:
         raise DLPackError(
             "copy=True: asynccube shares, never copies, on export; read the tensor with "
@@ -166,24 +176,39 @@ def _export_cuda(
     if tensor.nbytes_spanned() > tensor.handle.size:
         raise InvalidArgument(f"{tensor!r} addresses more bytes than its buffer holds")
     consumer = None if stream == -1 else (1 if stream is None else stream)
-    exporter = client._server.export_to_stream  # type: ignore[attr-defined]
-    address = exporter(tensor.binding(), StreamId.current(), consumer)
+    server: Any = client._server
+    if client._channel.run_queued_inline() is None:
+        address, lease = server.export_to_stream(tensor.binding(), StreamId.current(), consumer)
+    else:
+        address, lease, gate = server.export_gated(tensor.binding(), consumer)
+        if gate is not None:
+            _send_gate(client, gate, tensor)
     versioned = max_version is not None and max_version[0] >= 1
     return make_capsule(
-        address, device, tensor.shape, tensor.strides, tensor.dtype, tensor.handle,
+        address, device, tensor.shape, tensor.strides, tensor.dtype, (tensor.handle, lease),
         versioned=versioned,
     )  # fmt: skip
 
 
+def _send_gate(client: TensorClient, gate: Any, tensor: TensorView) -> None:
+    """Queue the command that opens ``gate`` after the commands queued so far."""
+    client._channel.send(_open_gate, client._server, gate, tensor.binding(), StreamId.current())
+
+
+def _open_gate(server: Any, gate: Any, binding: Any, stream: StreamId) -> None:
+    server.open_gate(gate, binding, stream)
+
+
 def _run_queued(client: TensorClient) -> None:
-    """Issue every command sent before the export (see the module docstring), or a
-    DLPackError saying why that cannot be done without blocking the event loop."""
+    """Issue every command sent before a host export (see the module docstring), or a
+    DLPackError saying why that cannot be done without blocking the event loop: a CPU
+    consumer has no stream to be ordered after them."""
     why = client._channel.run_queued_inline()
     if why is not None:
         raise DLPackError(
-            f"cannot export this tensor now: {why}, and the export cannot be ordered "
-            "after it without blocking the event loop; `await client.sync()` first, "
-            "then export"
+            f"cannot export this tensor now: {why}, and a CPU consumer (it has no "
+            "stream) cannot be ordered after it without blocking the event loop; "
+            "`await client.sync()` first, then export"
         )
 
 
