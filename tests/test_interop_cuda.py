@@ -283,7 +283,7 @@ async def test_torch_round_trip_without_copies() -> None:
         client.execute(SCALE, blocks(n), _scale(t, 2.0, n))  # may wait on its compile
         back = torch.from_dlpack(t)  # ordered after the launch on the device, no sync
         assert back.data_ptr() == x.data_ptr()  # torch -> asynccube -> torch: one buffer
-        await asyncio.sleep(0.01)  # the loop runs: a launch behind its compile is issued
+        await client.sync()  # the loop issues a launch behind its compile, and the gate
         expected = np.arange(n, dtype=np.float32) * 6.0
         np.testing.assert_array_equal(back.cpu().numpy(), expected)
         assert (await client.memory_usage()).bytes_in_use == before.bytes_in_use

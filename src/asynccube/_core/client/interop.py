@@ -229,7 +229,7 @@ def _check_request(
             f"dl_device={tuple(dl_device)!r} asks for another device than the tensor's "
             f"{device!r}; read it with `await client.read_array(tensor)` to get a copy"
         )
-    if copy not in (None, True, False):
+    if copy is not None and copy is not True and copy is not False:
         raise DLPackError(f"copy must be None, True or False, got {copy!r}")
 
 
