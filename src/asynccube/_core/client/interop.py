@@ -3,26 +3,34 @@
 Export (``Tensor.__dlpack__``, ``__cuda_array_interface__``) is ordered after every
 command sent before it, fire-and-forget ones included: the commands still queued for the
 channel's actor are run first, inline (``Channel.run_queued_inline``), so that the
-server has issued all of them. Only where that would block (a queued command waits on
-a job in a worker thread, such as a kernel compile) is the export refused, with a
-:class:`DLPackError` naming the reason.
+server has issued all of them. Where that would block (a queued command waits on a job
+in a worker thread, such as a kernel's first compile), a CUDA export is ordered after
+them on the device instead, through a gate the commands open once issued
+(:mod:`..cuda.exports`): never refused, never blocking. A CPU consumer has no stream:
+there the export is refused with a :class:`DLPackError` naming the reason.
 
 On the host the tensor's memory is handed to the consumer without a copy, wrapped in an
-array whose base holds the tensor's :class:`Handle`, so the buffer stays alive (and out
-of the pools) as long as the consumer holds it. A CPU consumer has no stream to be
-ordered after, so the server (``export_view``) waits, briefly, for the worker of the
-stream that last used the buffer to finish the work queued on it; work still running
-after that (a long kernel) is refused with a :class:`DLPackError` rather than the event
-loop being blocked. The capsule itself (versioned when the consumer asks with
-``max_version``) is made by numpy's own DLPack export.
-
-Import (``client.from_dlpack(obj)``): the producer's memory is bound to a new handle
-(``import_view``) without a copy; the bound view keeps ``obj`` alive while any handle,
-binding or queued task refers to it, and the memory never enters the pools.
+array whose base holds the tensor's :class:`Handle` (so the pools never reuse the slice)
+and the memory itself (the storage's page, or an imported producer's memory), so the
+buffer stays valid as long as the consumer holds it, after ``client.close()`` too. The
+server (``export_view``) waits, briefly, for the worker of the stream that last used
+the buffer to finish the work queued on it; work still running after that (a long
+kernel) is refused with a :class:`DLPackError` rather than the event loop being
+blocked. The capsule itself (versioned when the consumer asks with ``max_version``) is
+made by numpy's own DLPack export; numpy's ``BufferError`` becomes a DLPackError.
 
 On CUDA the capsule is made here (:mod:`.dlpack`): the consumer's stream waits, on the
 device, for asynccube's work on the buffer, and the capsule keeps the tensor's handle
-until the consumer's deleter runs. Import (``from_dlpack``) is host-only for now.
+and a lease (:mod:`..cuda.exports`) that keeps the device memory and the context past
+``client.close()`` until the consumer's deleter runs.
+
+Import (``client.from_dlpack(obj, device=, copy=)``): the capsule is consumed here
+(:class:`.dlpack.Imported`: a legacy, unversioned capsule is writable, as its
+producer's contract says), and the producer's memory is bound to a new handle
+(``import_view``/``import_pointer``) without a copy, or a copy where the array API's
+``copy`` asks for one; what is bound keeps the consumed capsule (whose deleter frees the
+producer's memory) and ``obj`` alive while any handle, binding or queued task refers to
+it, and the memory never enters the pools.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import DLPackError
+from ..errors import DLPackError, InvalidHandle
 from ..memory.slice import SliceHandle
 from ..values.stream_id import StreamId
 from ..values.types import Binding, Handle
@@ -59,7 +59,7 @@ class InteropOps(ServerCore):
         the channel must precede (a launch behind a compile): the consumer's stream
         waits on the device for a gate (None for ``stream=-1``) that
         :meth:`open_gate`, queued after them, opens. Nothing waits on the host."""
-        ptr = self._ptr(binding)  # InvalidHandle while the buffer's create is queued
+        ptr = self._queued_ptr(binding)
         lease = self._lease(binding)
         if consumer is None:
             return ptr, lease, None
@@ -71,12 +71,30 @@ class InteropOps(ServerCore):
         """``__cuda_array_interface__``'s address and stream for a buffer that commands
         still queued in the channel must precede: the stream handed to the consumer is
         the server's export stream, made to wait for a gate :meth:`open_gate` opens."""
-        ptr = self._ptr(binding)
+        ptr = self._queued_ptr(binding)
         if self._export_stream is None:
             flags = int(cu().CUstream_flags.CU_STREAM_NON_BLOCKING)
             self._export_stream = check(cu().cuStreamCreate(flags), "cuStreamCreate(export)")
             self._backend.created.append(self._export_stream)
         return ptr, int(self._export_stream), self._gates.wait(self._export_stream)
+
+    def _queued_ptr(self, binding: Binding) -> int:
+        """The address of ``binding``, or DLPackError where its buffer has none yet:
+        its ``create`` is itself queued behind the worker-thread job (the address is
+        what a consumer needs now, and it is only known once the buffer is made)."""
+        try:
+            return self._ptr(binding)
+        except InvalidHandle:
+            token, table = binding.memory, self._table
+            if token.queue is not table.queue or table.queue.closed:
+                raise
+            if token.id in table.failed:
+                raise
+            raise DLPackError(
+                "cannot export this tensor yet: its buffer is created by a command queued "
+                "behind a worker-thread job (a kernel's first compile), so it has no "
+                "address to hand out; `await client.sync()` (or any awaited call) first"
+            ) from None
 
     def open_gate(self, gate: Gate, binding: Binding, stream: StreamId) -> None:
         """Open ``gate`` on ``stream``'s CUDA stream once the work queued on
