@@ -41,6 +41,25 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _warm() -> None:
+    """One host client opened and closed under trio and asyncio before the probed tests,
+    off their loops: first-use imports (trio's side of asynccube) are not what is
+    tested here."""
+    import asyncio
+
+    import trio
+
+    async def once() -> None:
+        async with ac.open_client("host") as client:
+            t = client.create_array(np.arange(4, dtype=np.float32))
+            await client.sync()
+            np.from_dlpack(t)
+
+    trio.run(once)
+    asyncio.run(once())
+
+
 def _values(dtype: str, n: int = 6) -> np.ndarray[Any, Any]:
     dt = np.dtype(dtype)
     if dt.kind == "b":
