@@ -29,9 +29,12 @@ memory that outlives the client, and ordering after work not issued yet.
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import logging
+import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, Final
@@ -113,27 +116,23 @@ class ExportLeases:
 class Gate:
     """One 32-bit word a consumer's stream waits on until it holds ``value``."""
 
-    __slots__ = ("__weakref__", "_gates", "_timer", "address", "value")
+    __slots__ = ("__weakref__", "_gates", "address", "value")
 
     def __init__(self, gates: Gates, address: int, value: int) -> None:
         self._gates: Gates | None = gates
         self.address = address
         self.value = value
-        ref = weakref.ref(self)
-        self._timer: threading.Timer | None = threading.Timer(GATE_TIMEOUT_SECONDS, _expire, (ref,))
-        self._timer.daemon = True
-        self._timer.start()
+        _watchdog().watch(self)
 
-    def _stop_timer(self) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
+    @property
+    def opened(self) -> bool:
+        """True once the value was written (or its write queued on a stream)."""
+        return self._gates is None
 
     def open_on(self, stream: Any) -> None:
         """Write the value on ``stream`` (after the work queued on it so far); the
         host writes it at once if the driver refuses."""
         gates, self._gates = self._gates, None
-        self._stop_timer()
         if gates is None or gates.closed:
             return
         err = cu().cuStreamWriteValue32(stream, gates.device_address(self.address), self.value, 0)
@@ -145,7 +144,6 @@ class Gate:
     def open_now(self) -> None:
         """Write the value from the host (the consumer runs on what memory holds)."""
         gates, self._gates = self._gates, None
-        self._stop_timer()
         if gates is not None and not gates.closed:
             _write(self.address, self.value)
 
@@ -153,10 +151,9 @@ class Gate:
         self.open_now()
 
 
-def _expire(ref: weakref.ReferenceType[Gate]) -> None:
-    """The timer's end: a gate still closed is opened from the host (see above)."""
-    gate = ref()
-    if gate is None or gate._gates is None:
+def _expire(gate: Gate) -> None:
+    """A gate still closed at its deadline is opened from the host (see above)."""
+    if gate.opened:
         return
     log.warning(
         "a DLPack/CUDA Array Interface export waited %gs for the commands queued before "
@@ -167,8 +164,53 @@ def _expire(ref: weakref.ReferenceType[Gate]) -> None:
         "before synchronizing the consumer on the loop's thread",
         GATE_TIMEOUT_SECONDS,
     )
-    gate._timer = None
     gate.open_now()
+
+
+class _Watchdog:
+    """One thread that opens the gates still closed at their deadline. Started with
+    ``_thread`` (``threading.Thread.start`` waits for the new thread to run, which can
+    take milliseconds on a loaded machine, and a gate is made on the event loop)."""
+
+    def __init__(self) -> None:
+        self._new: queue.SimpleQueue[tuple[float, weakref.ReferenceType[Gate]]]
+        self._new = queue.SimpleQueue()
+        _thread.start_new_thread(self._run, ())
+
+    def watch(self, gate: Gate) -> None:
+        """Open ``gate`` from the host if it is still closed after the timeout."""
+        self._new.put((time.monotonic() + GATE_TIMEOUT_SECONDS, weakref.ref(gate)))
+
+    def _run(self) -> None:
+        pending: list[tuple[float, weakref.ReferenceType[Gate]]] = []
+        while True:
+            if not pending:
+                pending.append(self._new.get())
+            while not self._new.empty():
+                pending.append(self._new.get())
+            now, kept = time.monotonic(), []
+            for deadline, ref in pending:
+                gate = ref()
+                if gate is None or gate.opened:
+                    continue
+                if deadline <= now:
+                    _expire(gate)
+                else:
+                    kept.append((deadline, ref))
+                del gate
+            pending = kept
+            if pending:
+                time.sleep(min(_POLL_SECONDS, max(0.0, min(d for d, _ in pending) - now)))
+
+
+_POLL_SECONDS: Final = 0.25
+_WATCHDOG: list[_Watchdog] = []
+
+
+def _watchdog() -> _Watchdog:
+    if not _WATCHDOG:
+        _WATCHDOG.append(_Watchdog())
+    return _WATCHDOG[0]
 
 
 def _write(address: int, value: int) -> None:
