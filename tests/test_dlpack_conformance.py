@@ -231,6 +231,19 @@ async def test_export_memory_outlives_close(anyio_backend: str) -> None:
     assert len(junk) == 16 and large.sum() == 1 << 18
 
 
+async def test_export_right_after_a_kernels_first_launch(anyio_backend: str) -> None:
+    async with ac.open_client("host") as client:
+        await client.sync()  # the stream's worker thread is started (not part of this)
+        t = client.create_array(np.arange(8, dtype=np.float32))
+        fresh = ac.Kernel(f"conformance_fresh_{anyio_backend}", host=_triple)
+        client.execute(fresh, ac.CubeCount(1), ac.Bindings().with_buffers([t.binding()]))
+        np.testing.assert_array_equal(np.from_dlpack(t), np.arange(8) * 3.0)  # no await
+
+
+def _triple(launch: ac.HostLaunch) -> None:
+    launch.buffers[0].view(np.float32)[:] *= 3
+
+
 async def test_export_refuses_bad_input(anyio_backend: str) -> None:
     async with ac.open_client("host") as client:
         h = client.create(bytes(16))
@@ -583,3 +596,41 @@ def test_cuda_exports_outlive_close(lib: str) -> None:
     done = _run(_CUDA_SCRIPT.format(lib=lib))
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
     assert done.stdout.split() == [str(7.0 * (1 << 20)), str(5 * 4096)]
+
+
+_AFTER_CLOSE = """
+import asyncio, gc, time
+import numpy as np
+import asynccube as ac
+from asynccube._core.client.dlpack import take_capsule
+from asynccube._core.cuda.driver import check, cu
+
+async def main():
+    client = await ac.connect("cuda:0")
+    t = client.create_array(np.full(1 << 20, 7, np.float32))
+    await client.sync()
+    imported = take_capsule(t, -1)  # a raw-driver consumer: address and deleter
+    del t
+    await client.close()  # waits for no export, frees none of its memory
+    gc.collect()
+    return imported
+
+imported = asyncio.run(main())
+d = cu()
+device = check(d.cuDeviceGet(0))
+context = check(d.cuDevicePrimaryCtxRetain(device))
+check(d.cuCtxSetCurrent(context))
+out = np.empty(1 << 20, np.float32)
+check(d.cuMemcpyDtoH(out.ctypes.data, imported.address, out.nbytes))
+del imported  # the last export: memory and context released on a thread of their own
+time.sleep(0.5)
+check(d.cuDevicePrimaryCtxRelease(device))
+print(float(out.sum()))
+"""
+
+
+@pytest.mark.cuda
+def test_cuda_export_outlives_close_for_a_raw_driver_consumer() -> None:
+    done = _run(_AFTER_CLOSE)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(7.0 * (1 << 20))]
