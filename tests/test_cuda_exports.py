@@ -16,6 +16,7 @@ import pytest
 
 from asynccube._core.cuda import exports
 from asynccube._core.cuda.exports import ExportLeases, Gates
+from asynccube._core.errors import CudaDriverError
 
 
 class FakeDriver:
@@ -157,3 +158,14 @@ def test_a_gate_still_closed_at_the_deadline_is_opened_with_a_warning(
     caplog.clear()
     time.sleep(0.15)
     assert not caplog.text
+
+
+def test_a_gate_the_driver_cannot_write_opens_from_the_host(
+    driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gates = Gates()
+    gate = gates.wait("c")
+    monkeypatch.setattr(driver, "cuStreamWriteValue32", lambda *args: (999,))
+    with pytest.raises(CudaDriverError, match="cuStreamWriteValue32"):
+        gate.open_on("s")  # fired: the channel holds this error for the stream
+    assert gate.opened and _word(gate.address) == gate.value  # no consumer waits forever

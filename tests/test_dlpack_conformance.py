@@ -247,6 +247,7 @@ def _triple(launch: ac.HostLaunch) -> None:
 async def test_export_refuses_bad_input(anyio_backend: str) -> None:
     async with ac.open_client("host") as client:
         h = client.create(bytes(16))
+        await client.sync()
         swapped = ac.Tensor(h, (4,), (1,), ">f4", client)  # made without client checks
         with pytest.raises(ac.DLPackError, match="byte order"):
             swapped.__dlpack__()

@@ -199,12 +199,12 @@ def _export_cuda(
 
 
 def _send_gate(client: TensorClient, gate: Any, tensor: TensorView) -> None:
-    """Queue the command that opens ``gate`` after the commands queued so far."""
-    client._channel.send(_open_gate, client._server, gate, tensor.binding(), StreamId.current())
-
-
-def _open_gate(server: Any, gate: Any, binding: Any, stream: StreamId) -> None:
-    server.open_gate(gate, binding, stream)
+    """Queue the command that opens ``gate`` after the commands queued so far (fired:
+    a driver error is held for the calling task's stream; the gate then opens from
+    the host, so no consumer waits forever)."""
+    channel, server = client._channel, client._server
+    opener = server.open_gate  # type: ignore[attr-defined]
+    channel.send(channel.fire, StreamId.current(), opener, gate, tensor.binding())
 
 
 def _run_queued(client: TensorClient) -> None:

@@ -135,8 +135,14 @@ class Gate:
         gates, self._gates = self._gates, None
         if gates is None or gates.closed:
             return
-        err = cu().cuStreamWriteValue32(stream, gates.device_address(self.address), self.value, 0)
-        code = err[0] if isinstance(err, tuple) else err
+        try:
+            result = cu().cuStreamWriteValue32(
+                stream, gates.device_address(self.address), self.value, 0
+            )
+        except BaseException:
+            _write(self.address, self.value)
+            raise
+        code = result[0] if isinstance(result, tuple) else result
         if code:
             _write(self.address, self.value)
             raise error_from(code, "cuStreamWriteValue32")
