@@ -244,12 +244,29 @@ def _triple(launch: ac.HostLaunch) -> None:
     launch.buffers[0].view(np.float32)[:] *= 3
 
 
+@pytest.mark.parametrize(
+    "dtype", [">f4", "<U2", "M8[s]", "V8", "O", np.longdouble, [("a", "i4"), ("b", "f4")]]
+)
+async def test_export_of_a_dtype_dlpack_lacks_is_a_dlpack_error(
+    anyio_backend: str, dtype: Any
+) -> None:
+    async with ac.open_client("host") as client:
+        h = client.create(bytes(64))
+        await client.sync()
+        tensor = ac.Tensor(h, (2,), (1,), dtype, client)  # made without client checks
+        with pytest.raises(ac.DLPackError, match="DLPack"):
+            tensor.__dlpack__()
+        with pytest.raises(ac.DLPackError):  # never numpy's bare BufferError
+            np.from_dlpack(tensor)
+        await _serves(client)
+
+
 async def test_export_refuses_bad_input(anyio_backend: str) -> None:
     async with ac.open_client("host") as client:
         h = client.create(bytes(16))
         await client.sync()
         swapped = ac.Tensor(h, (4,), (1,), ">f4", client)  # made without client checks
-        with pytest.raises(ac.DLPackError, match="byte order"):
+        with pytest.raises(ac.DLPackError, match="native byte order"):
             swapped.__dlpack__()
         with pytest.raises(ac.DLPackError):
             np.from_dlpack(swapped)

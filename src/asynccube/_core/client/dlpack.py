@@ -91,7 +91,11 @@ def dtype_code(dtype: np.dtype[Any]) -> tuple[int, int]:
     """DLPack ``(code, bits)`` of a numpy dtype, or DLPackError if it has none."""
     code = _CODES.get(dtype.kind)
     if code is None or dtype.byteorder == ">" or dtype.hasobject:
-        raise DLPackError(f"dtype {dtype} cannot be expressed in DLPack")
+        raise DLPackError(
+            f"dtype {dtype} cannot be expressed in DLPack, which takes bool, int, uint, "
+            "float and complex in native byte order; read the tensor with "
+            "`await client.read_array(tensor)` instead"
+        )
     return code, dtype.itemsize * 8
 
 

@@ -47,7 +47,7 @@ import numpy.typing as npt
 from ..errors import DLPackError, InvalidArgument
 from ..server.layout import contiguous_strides
 from ..values.stream_id import StreamId
-from .dlpack import Imported, make_capsule, take_capsule
+from .dlpack import Imported, dtype_code, make_capsule, take_capsule
 from .views import TensorClient, TensorView
 
 __all__ = [
@@ -257,6 +257,7 @@ def _exported_array(tensor: TensorView, view: npt.NDArray[np.uint8]) -> npt.NDAr
     buffer) and the memory itself (``view``: the storage's page, or an imported
     producer's memory) alive while the consumer holds it, whatever the client does:
     closing it frees its pages, but not one an export still holds."""
+    dtype_code(tensor.dtype)  # DLPackError for a dtype DLPack cannot express
     needed = tensor.nbytes_spanned()
     if needed > view.nbytes:
         raise InvalidArgument(
