@@ -484,6 +484,12 @@ def _device_array(name: str, data: np.ndarray[Any, Any]) -> Any:
     return _lib("cupy").asarray(data)
 
 
+def _current_stream(name: str) -> Any:
+    if name == "torch":
+        return _lib("torch").cuda.current_stream()
+    return _lib("cupy").cuda.get_current_stream()
+
+
 CUDA_DTYPES = ["?", "i1", "i2", "i4", "i8", "u1", "f2", "f4", "f8", "c8", "c16"]
 """What torch and CuPy both take (torch has no uint16/32/64 tensors on every version)."""
 
@@ -566,7 +572,8 @@ async def test_cuda_import_copy_and_mutation(anyio_backend: str, lib: str) -> No
         x = _device_array(lib, np.arange(64, dtype=np.float32))
         shared = client.from_dlpack(x, device="cuda:0", copy=False)
         copied = client.from_dlpack(x, device=(2, 0), copy=True)
-        x[:] = -1.0  # mutated after the import (on the producer's stream)
+        x[:] = -1.0  # mutated after the import, on the producer's stream: ordered by
+        client.after(_current_stream(lib))  # ... this, like any of its later work
         assert (await client.read_array(shared) == -1.0).all()
         np.testing.assert_array_equal(await client.read_array(copied), np.arange(64))
         strided = x[::2]
