@@ -590,6 +590,8 @@ import numpy as np
 import asynccube as ac
 import {lib} as lib
 
+ON_GPU = dict(device="cuda") if "{lib}" == "torch" else {{}}
+
 def to_numpy(a):
     return a.cpu().numpy() if "{lib}" == "torch" else lib.asnumpy(a)
 
@@ -598,17 +600,17 @@ async def main():
     t = client.create_array(np.full(1 << 20, 7, np.float32))
     await client.sync()
     exported = lib.from_dlpack(t)
-    if "{lib}" == "torch":
-        x = lib.full((4096,), 5, dtype=lib.int64, device="cuda")
-    else:
-        x = lib.full((4096,), 5, dtype=lib.int64)
+    x = lib.full((4096,), 5, dtype=lib.int64, **ON_GPU)
     again = lib.from_dlpack(client.from_dlpack(x))  # imported, then exported again
     del x, t
     await client.close()  # waits for no export; frees none of their memory
     gc.collect()
-    junk = [lib.zeros(1 << 18) for _ in range(16)]  # would reuse freed memory
+    junk = [lib.zeros(1 << 18, **ON_GPU) for _ in range(16)]  # would reuse freed memory
     assert len(junk) == 16
     print(float(to_numpy(exported).sum()), int(to_numpy(again).sum()))
+    del exported, again  # the last exports: memory and context released (a thread)
+    gc.collect()
+    await asyncio.sleep(0.5)
 
 asyncio.run(main())
 """
