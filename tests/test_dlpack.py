@@ -130,7 +130,7 @@ async def test_import_keeps_the_producer_alive_while_used(host_client: ac.Comput
 )
 async def test_bad_imports_are_refused(host_client: ac.ComputeClient, obj: Any, words: str) -> None:
     with pytest.raises(ac.DLPackError, match=words):
-        host_client.from_dlpack(obj)
+        host_client.from_dlpack(obj, copy=False)  # share or raise
     await _serves(host_client)
 
 
@@ -138,8 +138,12 @@ async def test_bad_imports_are_refused(host_client: ac.ComputeClient, obj: Any, 
 async def test_read_only_import_is_refused(host_client: ac.ComputeClient) -> None:
     x = np.zeros(4, np.float32)
     x.flags.writeable = False
-    with pytest.raises(ac.DLPackError, match="read-only"):
-        host_client.from_dlpack(x)
+    with pytest.raises(ac.DLPackError, match=r"read-only.*copy=None"):
+        host_client.from_dlpack(x, copy=False)
+    t = host_client.from_dlpack(x)  # copy=None: what cannot be shared is copied
+    host_client.write([(t.copy_descriptor(), np.ones(4, np.float32))])
+    np.testing.assert_array_equal(await host_client.read_array(t), 1.0)
+    assert (x == 0.0).all()
     await _serves(host_client)
 
 

@@ -168,17 +168,42 @@ async def test_dlpack_export_right_after_execute_is_ordered_after_it() -> None:
         np.testing.assert_array_equal(_dlpack_to_driver(t2, n), data * 3.0)
 
 
-async def test_export_behind_a_first_compile_is_refused_then_served() -> None:
+async def _dlpack_off_loop(t: ac.Tensor, n: int) -> np.ndarray[Any, Any]:
+    """Like :func:`_dlpack_to_driver`, its export on the loop and its synchronization
+    in a worker thread (the loop must run to issue a launch still waiting on its
+    compile, which opens the gate the consumer's stream waits on)."""
+    from asynccube._core.client.dlpack import take_capsule
+    from asynccube._core.cuda.driver import check, cu
+
+    d = cu()
+    out = np.empty(n, np.float32)
+    stream = check(d.cuStreamCreate(int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+    try:
+        imported = take_capsule(t, int(stream))
+        check(d.cuMemcpyDtoHAsync(out.ctypes.data, imported.address, out.nbytes, stream))
+        await asyncio.to_thread(lambda: check(d.cuStreamSynchronize(stream)))
+        del imported
+    finally:
+        d.cuStreamDestroy(stream)
+    return out
+
+
+async def test_export_behind_a_first_compile_is_ordered_not_refused() -> None:
     async with ac.open_client("cuda:0") as client:
         n = 1 << 10
         t = client.create_array(np.ones(n, np.float32))
         fresh = ac.Kernel("interop_fresh_scale", cuda=SCALE.cuda)  # not compiled yet
         client.execute(fresh, blocks(n), _scale(t, 2.0, n))  # waits on its compile
-        if client._channel.run_queued_inline() is not None:  # the compile is running
-            with pytest.raises(ac.DLPackError, match="compile"):
-                t.__dlpack__(stream=-1)
+        # The consumer's stream waits on the device for a gate the launch's stream
+        # opens once the actor issued it: no refusal, nothing blocks the loop.
+        np.testing.assert_array_equal(await _dlpack_off_loop(t, n), 2.0)
+        t2 = client.create_array(np.ones(n, np.float32))
+        fresh2 = ac.Kernel("interop_fresh_scale_2", cuda=SCALE.cuda)
+        client.execute(fresh2, blocks(n), _scale(t2, 5.0, n))
+        cai = t2.__cuda_array_interface__  # its stream waits for the gate
+        assert cai["stream"] not in (None, 0)
         await client.sync()
-        np.testing.assert_array_equal(_dlpack_to_driver(t, n), 2.0)
+        np.testing.assert_array_equal(await client.read_array(t2), 5.0)
 
 
 def _dlpack_consumers() -> list[Any]:
@@ -255,13 +280,10 @@ async def test_torch_round_trip_without_copies() -> None:
         x.mul_(3.0)  # queued on torch's stream: ordered before asynccube's by the import
         t = client.from_dlpack(x)
         assert (t.shape, t.dtype) == ((n,), np.float32)
-        client.execute(SCALE, blocks(n), _scale(t, 2.0, n))
-        # A first launch may still wait on its compile (a queued command cannot be ordered
-        # before a consumer, so export would refuse): let the actor submit it.
-        while not client._channel.idle():  # noqa: ASYNC110 - the actor drains its queue
-            await asyncio.sleep(0)
-        back = torch.from_dlpack(t)  # ordered after the launch by an event, not a sync
+        client.execute(SCALE, blocks(n), _scale(t, 2.0, n))  # may wait on its compile
+        back = torch.from_dlpack(t)  # ordered after the launch on the device, no sync
         assert back.data_ptr() == x.data_ptr()  # torch -> asynccube -> torch: one buffer
+        await client.sync()  # the loop issues a launch behind its compile, and the gate
         expected = np.arange(n, dtype=np.float32) * 6.0
         np.testing.assert_array_equal(back.cpu().numpy(), expected)
         assert (await client.memory_usage()).bytes_in_use == before.bytes_in_use
@@ -274,5 +296,5 @@ async def test_bad_cuda_imports_are_refused() -> None:
             client.from_dlpack(np.zeros(4, np.float32))
         strided = torch.zeros(8, device="cuda")[::2]
         with pytest.raises(ac.DLPackError, match="not C-contiguous"):
-            client.from_dlpack(strided)
+            client.from_dlpack(strided, copy=False)
         assert (await client.read([client.create(b"ok")]))[0] == b"ok"

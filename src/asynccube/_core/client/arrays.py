@@ -59,9 +59,9 @@ def tensor(
     return view
 
 
-def from_dlpack(client: ClientParts, obj: Any) -> Tensor:
+def from_dlpack(client: ClientParts, obj: Any, device: Any, copy: Any) -> Tensor:
     """See :meth:`ComputeClient.from_dlpack`."""
-    handle, shape, dtype = import_dlpack(client, obj)
+    handle, shape, dtype = import_dlpack(client, obj, device, copy)
     return Tensor(handle, shape, tensor_strides(shape, None), dtype, client)
 
 

@@ -378,14 +378,19 @@ class ComputeClient(ClientCoordination, ClientSurface):
         InvalidArgument."""
         return arrays.tensor(self, handle, shape, dtype, strides)
 
-    def from_dlpack(self, obj: Any) -> Tensor:
-        """A tensor over ``obj``'s memory, without a copy (a numpy array on the host
-        server; a torch or CuPy tensor on the same GPU, whose work is ordered before
-        this task's stream). ``obj`` stays alive while the
-        tensor, its bindings or queued work refer to it; its memory never enters the
-        pools. DLPackError names what stands in the way (another device, strides,
-        dtype, read-only memory)."""
-        return arrays.from_dlpack(self, obj)
+    def from_dlpack(self, obj: Any, /, *, device: Any = None, copy: bool | None = None) -> Tensor:
+        """A tensor over ``obj``'s memory (a numpy array on the host server; a torch or
+        CuPy tensor on the same GPU, whose work is ordered before this task's stream),
+        with the array API's keywords: ``copy=False`` shares the memory or raises,
+        ``copy=True`` binds a copy made now, ``copy=None`` (default) shares where it
+        can and copies where it cannot (read-only or non-contiguous memory);
+        ``device`` is None or this client's (``client.device`` or its DLPack tuple).
+        Shared memory stays the producer's: the consumed capsule (so the producer's
+        memory) and ``obj`` stay alive while the tensor, any view of it, its bindings
+        or queued work refer to it, and it never enters the pools. DLPackError names
+        what stands in the way (another device, dtype, read-only memory with
+        ``copy=False``...)."""
+        return arrays.from_dlpack(self, obj, device, copy)
 
     async def read_array(
         self,

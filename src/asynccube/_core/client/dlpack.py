@@ -91,7 +91,11 @@ def dtype_code(dtype: np.dtype[Any]) -> tuple[int, int]:
     """DLPack ``(code, bits)`` of a numpy dtype, or DLPackError if it has none."""
     code = _CODES.get(dtype.kind)
     if code is None or dtype.byteorder == ">" or dtype.hasobject:
-        raise DLPackError(f"dtype {dtype} cannot be expressed in DLPack")
+        raise DLPackError(
+            f"dtype {dtype} cannot be expressed in DLPack, which takes bool, int, uint, "
+            "float and complex in native byte order; read the tensor with "
+            "`await client.read_array(tensor)` instead"
+        )
     return code, dtype.itemsize * 8
 
 
@@ -187,6 +191,7 @@ def make_capsule(
 _USED = b"used_dltensor"
 _USED_VERSIONED = b"used_dltensor_versioned"
 _READ_ONLY = 1
+_IS_COPIED = 2
 _DTYPES = {(0, 8): "i1", (0, 16): "i2", (0, 32): "i4", (0, 64): "i8",
            (1, 8): "u1", (1, 16): "u2", (1, 32): "u4", (1, 64): "u8",
            (2, 16): "f2", (2, 32): "f4", (2, 64): "f8",
@@ -203,8 +208,15 @@ class Imported:
         shape: The shape.
         strides: Strides in elements.
         dtype: The numpy dtype.
-        read_only: The producer marked the memory read-only (versioned capsules).
+        read_only: The producer marked the memory read-only (versioned capsules only:
+            a legacy, unversioned capsule has no flags, and its producer's contract is
+            that the memory may be written, so it is never read-only).
+        copied: The producer marked the memory as a copy made for this consumer.
         source: The producer object, kept alive as well.
+
+    Whatever refers to an ``Imported`` (a bound handle, :meth:`array`'s result and
+    every view of it) keeps the capsule's memory alive: the deleter runs only once the
+    last of them is gone.
     """
 
     def __init__(self, capsule: Any, source: Any) -> None:
@@ -222,6 +234,7 @@ class Imported:
         self._deleter = deleter
         self.source = source
         self.read_only = bool(flags & _READ_ONLY)
+        self.copied = bool(flags & _IS_COPIED)
         _capsule_set_name(capsule, _USED_VERSIONED if versioned else _USED)
         self._describe(tensor)
 
@@ -240,17 +253,53 @@ class Imported:
         self.dtype = None if name is None else np.dtype(name)
         self.type_code = (code, bits, lanes)
 
+    def array(self) -> Any:
+        """A numpy array over the memory (kDLCPU), writable, with the producer's shape
+        and strides; its base is this object, so the producer's deleter runs only once
+        the array and every view of it are gone."""
+        assert self.dtype is not None
+        itemsize = self.dtype.itemsize
+        if 0 in self.shape:  # no element: any address, even NULL, is fine
+            return np.empty(self.shape, self.dtype)
+        interface = {
+            "version": 3,
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "descr": self.dtype.descr,
+            "strides": tuple(s * itemsize for s in self.strides),
+            "data": (self.address, False),
+        }
+        return np.asarray(_Interface(self, interface))
+
     def __del__(self) -> None:
         managed, self._managed = getattr(self, "_managed", None), None
         if managed and self._deleter:
             _DELETER(self._deleter)(managed)
 
 
-def take_capsule(obj: Any, stream: int | None) -> Imported:
+class _Interface:
+    """The base of :meth:`Imported.array`'s array: numpy keeps it (so the
+    :class:`Imported`, so the producer's memory) while the array or a view lives."""
+
+    __slots__ = ("__array_interface__", "imported")
+
+    def __init__(self, imported: Imported, interface: dict[str, Any]) -> None:
+        self.imported = imported
+        self.__array_interface__ = interface
+
+
+def take_capsule(obj: Any, stream: int | None, copy: bool | None = None) -> Imported:
     """Ask ``obj`` for a capsule (versioned if it can; ``stream``: the consumer's, for
-    the producer to order its work before) and consume it."""
+    the producer to order its work before; ``copy``: passed on when not None) and
+    consume it. A producer of DLPack < 1.0 takes neither ``max_version`` nor ``copy``:
+    it is asked for its legacy capsule, except for a copy (TypeError then)."""
+    kwargs: dict[str, Any] = {"stream": stream, "max_version": DLPACK_VERSION}
+    if copy is not None:
+        kwargs["copy"] = copy
     try:
-        capsule = obj.__dlpack__(stream=stream, max_version=DLPACK_VERSION)
+        capsule = obj.__dlpack__(**kwargs)
     except TypeError:  # a producer of DLPack < 1.0 takes no max_version
+        if copy is not None:
+            raise
         capsule = obj.__dlpack__(stream=stream)
     return Imported(capsule, obj)

@@ -3,26 +3,34 @@
 Export (``Tensor.__dlpack__``, ``__cuda_array_interface__``) is ordered after every
 command sent before it, fire-and-forget ones included: the commands still queued for the
 channel's actor are run first, inline (``Channel.run_queued_inline``), so that the
-server has issued all of them. Only where that would block (a queued command waits on
-a job in a worker thread, such as a kernel compile) is the export refused, with a
-:class:`DLPackError` naming the reason.
+server has issued all of them. Where that would block (a queued command waits on a job
+in a worker thread, such as a kernel's first compile), a CUDA export is ordered after
+them on the device instead, through a gate the commands open once issued
+(:mod:`..cuda.exports`): never refused, never blocking. A CPU consumer has no stream:
+there the export is refused with a :class:`DLPackError` naming the reason.
 
 On the host the tensor's memory is handed to the consumer without a copy, wrapped in an
-array whose base holds the tensor's :class:`Handle`, so the buffer stays alive (and out
-of the pools) as long as the consumer holds it. A CPU consumer has no stream to be
-ordered after, so the server (``export_view``) waits, briefly, for the worker of the
-stream that last used the buffer to finish the work queued on it; work still running
-after that (a long kernel) is refused with a :class:`DLPackError` rather than the event
-loop being blocked. The capsule itself (versioned when the consumer asks with
-``max_version``) is made by numpy's own DLPack export.
-
-Import (``client.from_dlpack(obj)``): the producer's memory is bound to a new handle
-(``import_view``) without a copy; the bound view keeps ``obj`` alive while any handle,
-binding or queued task refers to it, and the memory never enters the pools.
+array whose base holds the tensor's :class:`Handle` (so the pools never reuse the slice)
+and the memory itself (the storage's page, or an imported producer's memory), so the
+buffer stays valid as long as the consumer holds it, after ``client.close()`` too. The
+server (``export_view``) waits, briefly, for the worker of the stream that last used
+the buffer to finish the work queued on it; work still running after that (a long
+kernel) is refused with a :class:`DLPackError` rather than the event loop being
+blocked. The capsule itself (versioned when the consumer asks with ``max_version``) is
+made by numpy's own DLPack export; numpy's ``BufferError`` becomes a DLPackError.
 
 On CUDA the capsule is made here (:mod:`.dlpack`): the consumer's stream waits, on the
 device, for asynccube's work on the buffer, and the capsule keeps the tensor's handle
-until the consumer's deleter runs. Import (``from_dlpack``) is host-only for now.
+and a lease (:mod:`..cuda.exports`) that keeps the device memory and the context past
+``client.close()`` until the consumer's deleter runs.
+
+Import (``client.from_dlpack(obj, device=, copy=)``): the capsule is consumed here
+(:class:`.dlpack.Imported`: a legacy, unversioned capsule is writable, as its
+producer's contract says), and the producer's memory is bound to a new handle
+(``import_view``/``import_pointer``) without a copy, or a copy where the array API's
+``copy`` asks for one; what is bound keeps the consumed capsule (whose deleter frees the
+producer's memory) and ``obj`` alive while any handle, binding or queued task refers to
+it, and the memory never enters the pools.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import numpy.typing as npt
 from ..errors import DLPackError, InvalidArgument
 from ..server.layout import contiguous_strides
 from ..values.stream_id import StreamId
-from .dlpack import Imported, make_capsule, take_capsule
+from .dlpack import Imported, dtype_code, make_capsule, take_capsule
 from .views import TensorClient, TensorView
 
 __all__ = [
@@ -99,9 +107,9 @@ def export_dlpack(
     client._channel.check()
     device = _device_tuple(client.device)
     _check_request(device, stream, max_version, dl_device, copy)
-    _run_queued(client)
     if device[0] == KDL_CUDA:
         return _export_cuda(client, tensor, device, stream, max_version, copy)
+    _run_queued(client)
     exporter = getattr(client._server, "export_view", None)
     if exporter is None:
         raise DLPackError(f"DLPack export is not supported on {client.device}")
@@ -110,14 +118,19 @@ def export_dlpack(
     kwargs: dict[str, Any] = {"copy": copy} if copy is not None else {}
     if max_version is not None:
         kwargs["max_version"] = tuple(max_version)
-    return array.__dlpack__(**kwargs)
+    try:
+        return array.__dlpack__(**kwargs)
+    except (BufferError, TypeError, ValueError) as exc:  # numpy's, typed as the docs say
+        raise DLPackError(f"cannot export {tensor!r} through DLPack: {exc}") from exc
 
 
 def cuda_array_interface(tensor: TensorView) -> dict[str, Any]:
     """``__cuda_array_interface__`` v3 of a tensor on a CUDA client: its address, and
     as ``stream`` the CUDA stream after whose queued work the data is complete (the
     consumer orders its own work after that stream). AttributeError elsewhere, so that
-    ``hasattr`` is False for tensors in host memory."""
+    ``hasattr`` is False for tensors in host memory. Commands still queued behind a
+    worker-thread job (a first launch's compile) are ordered before it through a gate
+    (the stream given is the server's export stream, waiting on the device for it)."""
     client = client_of(tensor)
     exporter = getattr(client._server, "export_pointer", None)
     if exporter is None:
@@ -125,10 +138,14 @@ def cuda_array_interface(tensor: TensorView) -> dict[str, Any]:
             f"__cuda_array_interface__: the tensor lives on {client.device}, not on a GPU"
         )
     client._channel.check()
-    _run_queued(client)
     if tensor.nbytes_spanned() > tensor.handle.size:
         raise InvalidArgument(f"{tensor!r} addresses more bytes than its buffer holds")
-    ptr, stream = exporter(tensor.binding(), StreamId.current())
+    server: Any = client._server
+    if client._channel.run_queued_inline() is None:
+        ptr, stream = exporter(tensor.binding(), StreamId.current())
+    else:
+        ptr, stream, gate = server.pointer_gated(tensor.binding())
+        _send_gate(client, gate, tensor)
     itemsize = tensor.dtype.itemsize
     return {
         "version": 3,
@@ -149,7 +166,11 @@ def _export_cuda(
     copy: Any,
 ) -> Any:
     """A kDLCUDA capsule; the consumer's ``stream`` waits on the device for asynccube's
-    work on the buffer (None: the legacy default stream, 1; -1: no ordering)."""
+    work on the buffer (None: the legacy default stream, 1; -1: no ordering), commands
+    still queued in the channel included: where they wait behind a worker-thread job
+    (a first launch's compile) the consumer's stream waits on a gate they open
+    (:mod:`..cuda.exports`). The capsule holds the handle and a lease that keeps the
+    memory, and the context, past ``client.close()`` until the consumer's deleter."""
     if copy is True:
         raise DLPackError(
             "copy=True: asynccube shares, never copies, on export; read the tensor with "
@@ -163,24 +184,39 @@ def _export_cuda(
     if tensor.nbytes_spanned() > tensor.handle.size:
         raise InvalidArgument(f"{tensor!r} addresses more bytes than its buffer holds")
     consumer = None if stream == -1 else (1 if stream is None else stream)
-    exporter = client._server.export_to_stream  # type: ignore[attr-defined]
-    address = exporter(tensor.binding(), StreamId.current(), consumer)
+    server: Any = client._server
+    if client._channel.run_queued_inline() is None:
+        address, lease = server.export_to_stream(tensor.binding(), StreamId.current(), consumer)
+    else:
+        address, lease, gate = server.export_gated(tensor.binding(), consumer)
+        if gate is not None:
+            _send_gate(client, gate, tensor)
     versioned = max_version is not None and max_version[0] >= 1
     return make_capsule(
-        address, device, tensor.shape, tensor.strides, tensor.dtype, tensor.handle,
+        address, device, tensor.shape, tensor.strides, tensor.dtype, (tensor.handle, lease),
         versioned=versioned,
     )  # fmt: skip
 
 
+def _send_gate(client: TensorClient, gate: Any, tensor: TensorView) -> None:
+    """Queue the command that opens ``gate`` after the commands queued so far (fired:
+    a driver error is held for the calling task's stream; the gate then opens from
+    the host, so no consumer waits forever)."""
+    channel, server = client._channel, client._server
+    opener = server.open_gate  # type: ignore[attr-defined]
+    channel.send(channel.fire, StreamId.current(), opener, gate, tensor.binding())
+
+
 def _run_queued(client: TensorClient) -> None:
-    """Issue every command sent before the export (see the module docstring), or a
-    DLPackError saying why that cannot be done without blocking the event loop."""
+    """Issue every command sent before a host export (see the module docstring), or a
+    DLPackError saying why that cannot be done without blocking the event loop: a CPU
+    consumer has no stream to be ordered after them."""
     why = client._channel.run_queued_inline()
     if why is not None:
         raise DLPackError(
-            f"cannot export this tensor now: {why}, and the export cannot be ordered "
-            "after it without blocking the event loop; `await client.sync()` first, "
-            "then export"
+            f"cannot export this tensor now: {why}, and a CPU consumer (it has no "
+            "stream) cannot be ordered after it without blocking the event loop; "
+            "`await client.sync()` first, then export"
         )
 
 
@@ -201,7 +237,7 @@ def _check_request(
             f"dl_device={tuple(dl_device)!r} asks for another device than the tensor's "
             f"{device!r}; read it with `await client.read_array(tensor)` to get a copy"
         )
-    if copy not in (None, True, False):
+    if copy is not None and copy is not True and copy is not False:
         raise DLPackError(f"copy must be None, True or False, got {copy!r}")
 
 
@@ -217,7 +253,11 @@ def _is_version(value: Any) -> bool:
 
 def _exported_array(tensor: TensorView, view: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
     """A numpy array over the tensor's bytes whose base (a ctypes buffer over the same
-    memory) keeps the tensor's handle, so its buffer, alive while the consumer holds it."""
+    memory) keeps the tensor's handle (so the pools never hand its slice to another
+    buffer) and the memory itself (``view``: the storage's page, or an imported
+    producer's memory) alive while the consumer holds it, whatever the client does:
+    closing it frees its pages, but not one an export still holds."""
+    dtype_code(tensor.dtype)  # DLPackError for a dtype DLPack cannot express
     needed = tensor.nbytes_spanned()
     if needed > view.nbytes:
         raise InvalidArgument(
@@ -225,6 +265,7 @@ def _exported_array(tensor: TensorView, view: npt.NDArray[np.uint8]) -> npt.NDAr
         )
     buffer = (ctypes.c_char * max(needed, 1)).from_address(view.ctypes.data)
     buffer.handle = tensor.handle  # type: ignore[attr-defined]
+    buffer.memory = view  # type: ignore[attr-defined]
     itemsize = tensor.dtype.itemsize
     strides = tuple(s * itemsize for s in tensor.strides)
     return np.ndarray(tensor.shape, tensor.dtype, buffer=buffer, strides=strides)  # type: ignore[arg-type]
@@ -257,20 +298,47 @@ def _ints(name: str, values: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(v) for v in items)
 
 
-def import_dlpack(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
-    """Bind ``obj``'s memory to a new handle without a copy; return the handle, shape
-    and dtype. What is bound keeps ``obj`` alive while the memory is in use."""
+def import_dlpack(
+    client: TensorClient, obj: Any, device: Any = None, copy: Any = None
+) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+    """Bind ``obj``'s memory to a new handle; return the handle, shape and dtype.
+
+    ``copy`` (the array API's): False shares the producer's memory or raises; True
+    binds a copy made now; None shares where it can and copies where it cannot
+    (read-only or non-contiguous memory). ``device``: None, or this client's device
+    (its string, or its DLPack ``(type, index)``). What is bound keeps the consumed
+    capsule (so the producer's memory) and ``obj`` alive while the memory is in use."""
     client._channel.check()
+    _check_import_request(client, device, copy)
     if dlpack_kind(client) == KDL_CUDA:
-        return _import_cuda(client, obj)
+        return _import_cuda(client, obj, copy)
     importer = getattr(client._server, "import_view", None)
     if importer is None:
         raise DLPackError(f"DLPack import is not supported on {client.device}")
-    array = _host_array(obj)
-    flat = np.asarray(_Imported(obj, array))
+    array = _host_array(obj, copy)
+    flat = np.asarray(_Imported(array))
     handle = client._server.new_handle(flat.nbytes, StreamId.current())
     client._channel.send(_bind, importer, handle, flat, StreamId.current())
     return handle, array.shape, array.dtype
+
+
+def _check_import_request(client: TensorClient, device: Any, copy: Any) -> None:
+    """DLPackError for a ``copy`` other than None/True/False, or a ``device`` other
+    than this client's."""
+    if copy is not None and copy is not True and copy is not False:
+        raise DLPackError(f"from_dlpack(copy={copy!r}): copy must be None, True or False")
+    if device is None or device == client.device:
+        return
+    if client.device == "host" and device == "cpu":
+        return
+    ours = _device_tuple(client.device)
+    if isinstance(device, tuple) and len(device) == 2 and tuple(device) == ours:
+        return
+    raise DLPackError(
+        f"from_dlpack(device={device!r}): this client makes tensors on {client.device} "
+        f"(DLPack device {ours}); pass device=None or {client.device!r}, or import into "
+        "a client of that device"
+    )
 
 
 def dlpack_kind(client: TensorClient) -> int:
@@ -278,10 +346,14 @@ def dlpack_kind(client: TensorClient) -> int:
     return KDL_CUDA if client.device.startswith("cuda") else KDL_CPU
 
 
-def _import_cuda(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+def _import_cuda(
+    client: TensorClient, obj: Any, copy: Any
+) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
     """A CUDA producer's memory: its work ordered before this task's stream (the
     producer is given that stream), then bound to a handle that keeps the consumed
-    capsule (and ``obj``) until the device has passed asynccube's last use."""
+    capsule (and ``obj``) until the device has passed asynccube's last use. A copy
+    (``copy=True``, or None where the memory cannot be shared) is the producer's own,
+    asked for with ``__dlpack__(copy=True)``: the capsule owns it."""
     index = int(client.device.partition(":")[2] or 0)
     device = _device_of(obj)
     if device != (KDL_CUDA, index):
@@ -291,8 +363,14 @@ def _import_cuda(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], 
         )
     server: Any = client._server
     stream = StreamId.current()
-    imported = take_capsule(obj, server.stream_handle(stream))
-    _check_imported(obj, imported)
+    imported = _take(obj, server.stream_handle(stream), copy)
+    why = _unshareable(obj, imported)
+    if why is not None and copy is None:
+        del imported  # its deleter runs: the producer may free what it lent
+        imported = _take(obj, server.stream_handle(stream), True)
+        why = _unshareable(obj, imported)
+    if why is not None:
+        raise DLPackError(why + ("" if copy is not False else _NO_COPY))
     assert imported.dtype is not None
     nbytes = math.prod(imported.shape) * imported.dtype.itemsize
     handle = server.new_handle(nbytes, stream)
@@ -300,18 +378,42 @@ def _import_cuda(client: TensorClient, obj: Any) -> tuple[Any, tuple[int, ...], 
     return handle, imported.shape, imported.dtype
 
 
-def _check_imported(obj: Any, imported: Imported) -> None:
+_NO_COPY = "; or pass copy=None (or True) to import a copy"
+
+
+def _take(obj: Any, stream: int | None, copy: Any) -> Imported:
+    """:func:`take_capsule`, its failures as DLPackError."""
+    name = type(obj).__name__
+    try:
+        return take_capsule(obj, stream, copy)
+    except DLPackError:
+        raise
+    except TypeError as exc:
+        if copy is not None:
+            raise DLPackError(
+                f"{name}.__dlpack__ takes no copy= (a producer of DLPack < 1.0), so it "
+                f"cannot be asked for a copy ({exc}); import it with copy=None"
+            ) from exc
+        raise DLPackError(f"cannot import {name} through DLPack: {exc}") from exc
+    except (BufferError, RuntimeError, ValueError) as exc:
+        raise DLPackError(f"cannot import {name} through DLPack: {exc}") from exc
+
+
+def _unshareable(obj: Any, imported: Imported) -> str | None:
+    """Why asynccube cannot work on the memory ``imported`` describes in place (None:
+    it can); a dtype no tensor can have is refused at once."""
     name = type(obj).__name__
     if imported.dtype is None:
         raise DLPackError(f"{name}: DLPack dtype (code, bits, lanes) {imported.type_code} "
                           "cannot be expressed in a Tensor")  # fmt: skip
     if imported.read_only:
-        raise DLPackError(f"{name} is read-only; asynccube kernels may write to any buffer")
+        return f"{name} is read-only; asynccube kernels may write to any buffer"
     if imported.strides != contiguous_strides(imported.shape) and 0 not in imported.shape:
-        raise DLPackError(
+        return (
             f"{name} is not C-contiguous (strides {imported.strides} for shape "
             f"{imported.shape}); import a contiguous one (e.g. .contiguous())"
         )
+    return None
 
 
 def _bind_cuda(importer: Any, handle: Any, imported: Imported, nbytes: int, stream: Any) -> None:
@@ -319,13 +421,15 @@ def _bind_cuda(importer: Any, handle: Any, imported: Imported, nbytes: int, stre
 
 
 class _Imported:
-    """The bytes of an imported array; as their base, it keeps the producer ``obj``
-    alive while any handle, binding or queued task refers to them."""
+    """The bytes of an imported array, as a flat ``uint8`` array's base: it keeps
+    ``array`` (whose own base keeps the consumed capsule, so the producer's memory,
+    and the producer object) alive while any handle, binding or queued task refers to
+    them."""
 
-    __slots__ = ("__array_interface__", "obj")
+    __slots__ = ("__array_interface__", "array")
 
-    def __init__(self, obj: Any, array: npt.NDArray[Any]) -> None:
-        self.obj = obj
+    def __init__(self, array: npt.NDArray[Any]) -> None:
+        self.array = array
         self.__array_interface__ = {
             "version": 3,
             "shape": (array.nbytes,),
@@ -338,32 +442,26 @@ def _bind(importer: Any, handle: Any, flat: npt.NDArray[np.uint8], stream: Strea
     importer(handle, flat, stream)
 
 
-def _host_array(obj: Any) -> npt.NDArray[Any]:
-    """``obj`` as a C-contiguous, writable numpy array sharing its memory, or a
-    DLPackError naming what stands in the way."""
+def _host_array(obj: Any, copy: Any) -> npt.NDArray[Any]:
+    """``obj``'s memory as a C-contiguous, writable numpy array: its own (kept alive
+    through the consumed capsule), or a copy made now where ``copy`` asks for one (or
+    is None and the memory is read-only or not contiguous); else a DLPackError naming
+    what stands in the way. A legacy (unversioned) capsule carries no read-only flag,
+    and its producer's contract is that the memory may be written: it is shared."""
     device = _device_of(obj)
     if device[0] != KDL_CPU:
         raise DLPackError(
             f"{type(obj).__name__} lives on DLPack device {device!r}, not on this "
             "client's host memory (kDLCPU, 1); import it into a client on that device"
         )
-    try:
-        array = np.from_dlpack(obj)
-    except (BufferError, TypeError, RuntimeError, ValueError) as exc:
-        raise DLPackError(f"cannot import {type(obj).__name__} through DLPack: {exc}") from exc
-    if not array.flags.writeable:
-        raise DLPackError(
-            f"{type(obj).__name__} is read-only; asynccube kernels may write to any "
-            "buffer, so import a writable array (e.g. a copy)"
-        )
-    if not array.flags.c_contiguous:
-        raise DLPackError(
-            f"{type(obj).__name__} is not C-contiguous (strides {array.strides} for "
-            f"shape {array.shape}); import a contiguous one (e.g. np.ascontiguousarray)"
-        )
-    if array.dtype.hasobject or array.dtype.kind not in "biufc":
-        raise DLPackError(f"dtype {array.dtype} cannot be expressed in a Tensor")
-    return array
+    imported = _take(obj, None, None)
+    why = _unshareable(obj, imported)
+    array = imported.array()
+    if copy is True or (copy is None and why is not None):
+        return np.array(array, order="C", copy=True)  # a copy made now, owned by numpy
+    if why is not None:
+        raise DLPackError(why + _NO_COPY)
+    return array  # type: ignore[no-any-return]
 
 
 def _device_of(obj: Any) -> tuple[int, int]:

@@ -66,8 +66,10 @@ class Tensor:
         copy: bool | None = None,
     ) -> Any:
         """A DLPack capsule sharing this tensor's memory (versioned when the consumer
-        passes ``max_version`` >= (1, 0)); the buffer stays alive while it is held.
-        Raises DLPackError when it cannot be shared (see :mod:`.interop`)."""
+        passes ``max_version`` >= (1, 0)). The memory stays valid until the consumer
+        releases it (the capsule's deleter), after the tensor is dropped and after
+        ``client.close()`` too. Raises DLPackError (never a bare BufferError) when it
+        cannot be shared (see :mod:`.interop`)."""
         return export_dlpack(self, stream, max_version, dl_device, copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:

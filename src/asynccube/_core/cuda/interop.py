@@ -1,14 +1,18 @@
 """CUDA side of array interop: where a tensor's bytes are, and on which stream the work
-asynccube queued on them runs (``__cuda_array_interface__`` v3 ``stream``)."""
+asynccube queued on them runs (``__cuda_array_interface__`` v3 ``stream``); what keeps
+an exported buffer valid after its client closes, and the gates that order a consumer
+after work the channel has not issued yet (:mod:`.exports`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import DLPackError
+from ..errors import DLPackError, InvalidHandle
+from ..memory.slice import SliceHandle
 from ..values.stream_id import StreamId
 from ..values.types import Binding, Handle
 from .driver import check, cu, error_from
+from .exports import Gate, Lease
 from .native.hotpath import hot
 from .state import ServerCore
 
@@ -26,15 +30,19 @@ class InteropOps(ServerCore):
         resolved = self._streams.resolve(stream, (binding,))
         return ptr, int(resolved.stream)
 
-    def export_to_stream(self, binding: Binding, stream: StreamId, consumer: int | None) -> int:
-        """The device address of ``binding``, with the consumer's CUDA stream (a raw
+    def export_to_stream(
+        self, binding: Binding, stream: StreamId, consumer: int | None
+    ) -> tuple[int, Lease]:
+        """The device address of ``binding`` and the export's lease (the capsule keeps
+        it until the consumer's deleter runs), with the consumer's CUDA stream (a raw
         handle; None: no ordering, the DLPack ``stream=-1``) made to wait, on the
         device, for the work asynccube queued on it: an event recorded on asynccube's
         stream and ``cuStreamWaitEvent``; nothing is synchronized."""
         ptr = self._ptr(binding)
         resolved = self._streams.resolve(stream, (binding,))
+        lease = self._lease(binding)
         if consumer is None:
-            return ptr
+            return ptr, lease
         if consumer != 1 and consumer != 2:  # the default streams are every context's
             self._check_same_device(consumer)
         event = self._events.record(resolved.stream)
@@ -42,7 +50,68 @@ class InteropOps(ServerCore):
         self._events.give(event)  # the wait captured the event's state
         if err:
             raise error_from(err, "cuStreamWaitEvent")
-        return ptr
+        return ptr, lease
+
+    def export_gated(
+        self, binding: Binding, consumer: int | None
+    ) -> tuple[int, Lease, Gate | None]:
+        """Like :meth:`export_to_stream`, for an export that commands still queued in
+        the channel must precede (a launch behind a compile): the consumer's stream
+        waits on the device for a gate (None for ``stream=-1``) that
+        :meth:`open_gate`, queued after them, opens. Nothing waits on the host."""
+        ptr = self._queued_ptr(binding)
+        lease = self._lease(binding)
+        if consumer is None:
+            return ptr, lease, None
+        if consumer != 1 and consumer != 2:
+            self._check_same_device(consumer)
+        return ptr, lease, self._gates.wait(cu().CUstream(consumer))
+
+    def pointer_gated(self, binding: Binding) -> tuple[int, int, Gate]:
+        """``__cuda_array_interface__``'s address and stream for a buffer that commands
+        still queued in the channel must precede: the stream handed to the consumer is
+        the server's export stream, made to wait for a gate :meth:`open_gate` opens."""
+        ptr = self._queued_ptr(binding)
+        if self._export_stream is None:
+            flags = int(cu().CUstream_flags.CU_STREAM_NON_BLOCKING)
+            self._export_stream = check(cu().cuStreamCreate(flags), "cuStreamCreate(export)")
+            self._backend.created.append(self._export_stream)
+        return ptr, int(self._export_stream), self._gates.wait(self._export_stream)
+
+    def _queued_ptr(self, binding: Binding) -> int:
+        """The address of ``binding``, or DLPackError where its buffer has none yet:
+        its ``create`` is itself queued behind the worker-thread job (the address is
+        what a consumer needs now, and it is only known once the buffer is made)."""
+        try:
+            return self._ptr(binding)
+        except InvalidHandle:
+            token, table = binding.memory, self._table
+            if token.queue is not table.queue or table.queue.closed:
+                raise
+            if token.id in table.failed:
+                raise
+            raise DLPackError(
+                "cannot export this tensor yet: its buffer is created by a command queued "
+                "behind a worker-thread job (a kernel's first compile), so it has no "
+                "address to hand out; `await client.sync()` (or any awaited call) first"
+            ) from None
+
+    def open_gate(self, gate: Gate, binding: Binding, stream: StreamId) -> None:
+        """Open ``gate`` on ``stream``'s CUDA stream once the work queued on
+        ``binding`` so far is ordered before it (run as a command, after the commands
+        the export was queued behind)."""
+        try:
+            resolved = self._streams.resolve(stream, (binding,))
+        except BaseException:
+            gate.open_now()
+            raise
+        gate.open_on(resolved.stream)
+
+    def _lease(self, binding: Binding) -> Lease:
+        """A lease on the export of ``binding``, keeping what its memory belongs to
+        where that is not the pools (an imported producer's consumed capsule)."""
+        owner = self._table.get(binding)
+        return self._exports.take(None if isinstance(owner, SliceHandle) else owner)
 
     def _check_same_device(self, consumer: int) -> None:
         """DLPackError unless the stream ``consumer`` belongs to this device's context."""

@@ -1,5 +1,11 @@
 """Closing the CUDA server: finish queued work, then free every resource in a thread
 of its own; after a sticky error, reset the device's primary context.
+
+The device memory (pages, pool), the export gates and the context's reference are
+freed last, and only once no DLPack export is held (:mod:`.exports`): a consumer's
+array stays valid after ``close()``, which waits for none of them; the last deleter
+releases them, on a thread of its own. A sticky error resets the context anyway
+(everything in it is lost: nothing can keep it).
 """
 
 from __future__ import annotations
@@ -72,8 +78,6 @@ class LifecycleOps(ServerCore):
             self._retirer.clear,
             self._release_small_reads,
             self._table.close,
-            self._memory.close,
-            self._storage.close,
             self._pinned.close,
             self._events.close,
             self._timing.close,
@@ -83,10 +87,11 @@ class LifecycleOps(ServerCore):
         steps += [_bind(d.cuModuleUnload, k.module) for k in self._kernels.values()]
         steps += [_bind(d.cuStreamDestroy, st) for st in self._backend.created]
         if reset:
+            steps += [self._memory.close, self._storage.close, self._gates.close]
             steps.append(lambda: d.cuDevicePrimaryCtxReset(self._ctx.device))
             steps.append(self._ctx.close)
-        else:  # reads' results over pinned memory may outlive the client: they keep it
-            steps.append(lambda: self._pinned.after_last(self._ctx.close))
+        else:  # exports keep the device memory and the context; reads' pinned results too
+            steps.append(lambda: self._exports.after_last(self._release_memory))
         for step in steps:
             try:
                 step()
@@ -94,6 +99,18 @@ class LifecycleOps(ServerCore):
                 if not reset:
                     raise
         self._kernels.clear()
+
+    def _release_memory(self) -> None:
+        """Free the device pages, the pool and the gates, then the context's reference
+        once no pinned read result holds it: at teardown, or on a thread of its own
+        when the last DLPack export is released (:mod:`.exports`)."""
+        self._ctx.make_current()
+        self._memory.close()
+        self._storage.close()
+        if self._gates._pages:  # no consumer's stream may still wait on a word
+            cu().cuCtxSynchronize()
+        self._gates.close()
+        self._pinned.after_last(self._ctx.close)
 
 
 def _bind(fn: Callable[[Any], object], arg: Any) -> Callable[[], object]:

@@ -56,6 +56,7 @@ from .abi import ArgPacker
 from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier
 from .driver import DeviceContext, check, cu, device_properties, set_current
+from .exports import ExportLeases, Gates
 from .fast import fast_launch
 from .fast_sync import FastSync
 from .foreign import ForeignOps
@@ -151,6 +152,9 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps, ForeignOps):
         self.sticky: BaseException | None = None
         self.closed = False
         self.close_hooks: list[Callable[[], None]] = []
+        self._exports = ExportLeases()
+        self._gates = Gates()
+        self._export_stream: Any = None
         """Called first in the close thread (``all_reduce``'s NCCL communicators)."""
         self.recorder = recorder if recorder is not None else KernelRecorder()
         self._timed: deque[TimedOp] = deque()

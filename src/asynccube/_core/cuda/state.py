@@ -30,6 +30,7 @@ from .abi import ArgPacker
 from .compiler import KernelCompiler
 from .completion import CudaCompletion, EventPool, HostFuncNotifier
 from .driver import DeviceContext
+from .exports import ExportLeases, Gates
 from .storage import CudaStorage, PinnedBuffer, PinnedPool
 from .streams import CudaBackend, Retirer
 
@@ -100,6 +101,9 @@ class ServerCore(SliceServer[SliceHandle]):
     _timed: deque[Any]
     _epoch_event: Any
     _epoch_ns: int
+    _exports: ExportLeases
+    _gates: Gates
+    _export_stream: Any
 
     @property
     def context(self) -> DeviceContext:
