@@ -180,8 +180,14 @@ async def _dlpack_off_loop(t: ac.Tensor, n: int) -> np.ndarray[Any, Any]:
     stream = check(d.cuStreamCreate(int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)))
     try:
         imported = take_capsule(t, int(stream))
-        check(d.cuMemcpyDtoHAsync(out.ctypes.data, imported.address, out.nbytes, stream))
-        await asyncio.to_thread(lambda: check(d.cuStreamSynchronize(stream)))
+
+        address = imported.address
+
+        def copy_out() -> None:  # a copy to pageable memory returns once it has run
+            check(d.cuMemcpyDtoHAsync(out.ctypes.data, address, out.nbytes, stream))
+            check(d.cuStreamSynchronize(stream))
+
+        await asyncio.to_thread(copy_out)
         del imported
     finally:
         d.cuStreamDestroy(stream)

@@ -363,18 +363,70 @@ def _import_cuda(
         )
     server: Any = client._server
     stream = StreamId.current()
+    if copy is True:
+        return _import_cuda_copy(client, obj, stream)
     imported = _take(obj, server.stream_handle(stream), copy)
     why = _unshareable(obj, imported)
     if why is not None and copy is None:
         del imported  # its deleter runs: the producer may free what it lent
-        imported = _take(obj, server.stream_handle(stream), True)
-        why = _unshareable(obj, imported)
+        return _import_cuda_copy(client, obj, stream)
     if why is not None:
         raise DLPackError(why + ("" if copy is not False else _NO_COPY))
+    return _bind_imported(client, server.import_pointer, imported, stream)
+
+
+def _import_cuda_copy(
+    client: TensorClient, obj: Any, stream: StreamId
+) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+    """``copy=True`` on CUDA: the producer's own copy (``__dlpack__(copy=True)``);
+    where it makes none on the device (CuPy copies to the host only) and the memory
+    is contiguous, a device copy made at the call (:meth:`import_copied`: ordered
+    after the producer's earlier work, before its later work on blocking streams).
+    With the channel busy behind a worker-thread job the copy is queued instead, and
+    only the producer's earlier work is ordered before it."""
+    server: Any = client._server
+    try:
+        imported = _take(obj, server.stream_handle(stream), True)
+    except DLPackError as exc:
+        if not isinstance(exc.__cause__, BufferError):
+            raise
+        return _copy_on_device(client, obj, stream)
+    why = _unshareable(obj, imported)
+    if why is not None:
+        raise DLPackError(why)
+    return _bind_imported(client, server.import_pointer, imported, stream)
+
+
+def _copy_on_device(
+    client: TensorClient, obj: Any, stream: StreamId
+) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+    """``copy=True`` where the producer copies to the host only (see above)."""
+    server: Any = client._server
+    imported = _take(obj, 1, None)  # the producer's work ordered before the legacy stream
+    _unshareable(obj, imported)  # a dtype no tensor can have is refused
+    if imported.strides != contiguous_strides(imported.shape) and 0 not in imported.shape:
+        raise DLPackError(
+            f"{type(obj).__name__} is not C-contiguous and its producer copies only to "
+            "the host (copy=True): import a contiguous one (e.g. .copy() first)"
+        )
+    if client._channel.run_queued_inline() is not None:
+        return _bind_imported(client, server.import_copied, imported, stream)
     assert imported.dtype is not None
     nbytes = math.prod(imported.shape) * imported.dtype.itemsize
     handle = server.new_handle(nbytes, stream)
-    client._channel.send(_bind_cuda, server.import_pointer, handle, imported, nbytes, stream)
+    server.activate()
+    server.import_copied(handle, imported.address, nbytes, imported, stream)
+    return handle, imported.shape, imported.dtype
+
+
+def _bind_imported(
+    client: TensorClient, importer: Any, imported: Imported, stream: StreamId
+) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
+    """A new handle, bound on the actor by ``importer`` to ``imported``'s memory."""
+    assert imported.dtype is not None
+    nbytes = math.prod(imported.shape) * imported.dtype.itemsize
+    handle = client._server.new_handle(nbytes, stream)
+    client._channel.send(_bind_cuda, importer, handle, imported, nbytes, stream)
     return handle, imported.shape, imported.dtype
 
 

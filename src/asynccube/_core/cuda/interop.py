@@ -128,6 +128,32 @@ class InteropOps(ServerCore):
         producer is asked to order its work before)."""
         return int(self._streams.streams.get(stream).stream)
 
+    def import_copied(
+        self, handle: Handle, address: int, nbytes: int, owner: Any, stream: StreamId
+    ) -> None:
+        """Bind ``handle`` to a pool buffer holding a copy of outside device memory
+        (DLPack import with ``copy=True`` of a producer that copies to the host only).
+        The copy runs on the legacy default stream, which the producer ordered its
+        earlier work before (``__dlpack__(stream=1)``) and which its later work on any
+        blocking stream (torch's and CuPy's default streams) waits for; ``stream``
+        waits for the copy, and ``owner`` (the consumed capsule) is kept until the
+        device has passed it."""
+        self.create([handle], stream)
+        binding = handle.binding()
+        resolved = self._streams.resolve(stream, (binding,))
+        legacy = cu().CUstream(1)
+        if nbytes:
+            check(
+                cu().cuMemcpyDtoDAsync(self._ptr(binding), address, nbytes, legacy),
+                "cuMemcpyDtoDAsync(import copy)",
+            )
+        event = self._events.record(legacy)
+        err = hot.stream_wait_event(resolved.stream, event)
+        self._events.give(event)
+        if err:
+            raise error_from(err, "cuStreamWaitEvent(import copy)")
+        self._retirer.hold(resolved.stream, owner)
+
     def import_pointer(
         self, handle: Handle, address: int, nbytes: int, owner: Any, stream: StreamId
     ) -> None:
