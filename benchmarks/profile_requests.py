@@ -60,11 +60,16 @@ COUNTERS = {
     "futures made (new_future)": ("channel/awaitable.py", "new_future"),
     "completions watched (watch)": ("channel/completion.py", "watch"),
     "futures settled (_settle)": ("channel/settle.py", "_settle"),
+    "allocations through the Python route (ClientMemory.mint)": ("client/memory.py", "mint"),
+    "launches through the Python route (Launcher.launch)": ("client/launch.py", "launch"),
+    "reads through the Python route (read_on_actor)": ("client/movement.py", "read_on_actor"),
     "StreamId.current": ("values/stream_id.py", "current"),
     "MultiStream.resolve": ("stream/multi.py", "resolve"),
     "worker submits (HostStream.submit)": ("host/worker.py", "submit"),
     "worker hand-overs (HostStream.flush)": ("host/worker.py", "flush"),
-    "call_soon_threadsafe": ("asyncio/base_events.py", "call_soon_threadsafe"),
+    "self-pipe reads (_read_from_self)": ("asyncio/selector_events.py", "_read_from_self"),
+    "completion polls (_Watch._poll)": ("cuda/completion.py", "_poll"),
+    "completion descriptors armed (_Watch._arm)": ("cuda/completion.py", "_arm"),
     "call_soon": ("asyncio/base_events.py", "call_soon"),
     "selector polls (select)": ("selectors.py", "select"),
 }
@@ -120,6 +125,15 @@ def _area(key: tuple[str, int, str]) -> str:
     return _short(path)
 
 
+def fast_routes(client: Any) -> tuple[int, int, int, int] | None:
+    """The CUDA server's one-call launch route's counters (launches taken inline,
+    declined, taken from the actor's queue, declined there), or None (no such route)."""
+    fast = getattr(client, "_fast", None)
+    if fast is None:
+        return None
+    return (*fast.stats, *fast.queued_stats)
+
+
 def profile_summary(prof: cProfile.Profile, n: int, top: int) -> str:
     """Calls per request, the top functions and files by own time, and the counters."""
     st = pstats.Stats(prof)
@@ -170,11 +184,17 @@ async def _profile(args: argparse.Namespace, backend: str) -> str:
         await measure(backend, request, work, 1, 64)  # compile, load, pools
         await measure(backend, request, work, 64, 256)
         phase_rows: list[list[str]] = []
+        routes = []
         for tasks in args.tasks:
             acc[:] = [0.0] * len(PHASES)
             per = max(2, args.requests // tasks)
+            before = fast_routes(client)
             wall, cpu = await measure(backend, request, work, tasks, args.requests)
             n = per * tasks
+            after = fast_routes(client)
+            if before is not None and after is not None:
+                moved = [(a - b) / n for a, b in zip(after, before, strict=True)]
+                routes.append([str(tasks), *(f"{m:.2f}" for m in moved)])
             us = [a / n * 1e6 for a in acc]
             sync = sum(us[:SYNC])
             phase_rows.append([str(tasks), *(f"{u:.1f}" for u in us), f"{sync:.1f}",
@@ -183,6 +203,10 @@ async def _profile(args: argparse.Namespace, backend: str) -> str:
                 "loop CPU"]  # fmt: skip
         out.append(f"### Phases, µs per request ({size_label(work.size)}, {backend}, "
                    f"{client.device})\n\n" + table(head, phase_rows))  # fmt: skip
+        if routes:
+            out.append("The one-call launch route (`FastLaunch`), launches per request:\n\n"
+                       + table(["tasks", "taken inline", "declined", "taken from the queue",
+                                "declined there"], routes))  # fmt: skip
         plain = asynccube_request(client, kernel, work)
         for tasks in args.tasks:
             per = max(2, args.requests // tasks)
