@@ -1,10 +1,11 @@
 """benchmarks/bench_requests.py (issue 38) runs a tiny configuration on the host server:
 both tables carry a row per (body, tasks) with a figure for each loop, the peers that
 need a GPU are named as skipped; its profile tool prints the phases and the profiles; the
-report judges the goals against the best blocking peer."""
+report judges the goals against the best blocking peer, and a wrong answer fails a figure."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import re
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).parent.parent
@@ -99,3 +101,19 @@ def test_the_report_judges_the_goals_against_the_best_blocking_peer(bench: Modul
     assert cpu[-1] == "<= 25: met"
     one, many, _, _ = _judged(bench, {1: [(20.0, 20.0)], 64: [(25.0, 20.0)]})
     assert many[-1] == "<= 0.5x and below 1 task: missed"  # 64 tasks dearer than one
+
+
+def test_a_wrong_answer_fails_the_figure(bench: ModuleType) -> None:
+    work = bench.work_for(1024)
+
+    async def numpy(body: bytes) -> object:
+        return 2 * np.frombuffer(body, np.float32) + 1
+
+    async def off_by_one(body: bytes) -> object:
+        return 2 * np.frombuffer(body, np.float32) + 2
+
+    wall, cpu = asyncio.run(bench.measure("asyncio", numpy, work, 4, 16))
+    assert wall > 0
+    assert cpu >= 0
+    with pytest.raises(bench.WrongAnswer, match="1 KiB, task 0: wrong answer"):
+        asyncio.run(bench.measure("asyncio", off_by_one, work, 4, 16))
