@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import statistics
@@ -76,6 +77,8 @@ GOAL_CPU_US = 25.0
 Request = Callable[[bytes], Awaitable[Any]]
 Key = tuple[int, int]
 """(body bytes, tasks)."""
+Fig = tuple[float, float]
+"""(µs, the loop thread's CPU µs) per request."""
 
 
 class Unavailable(Exception):
@@ -425,7 +428,38 @@ def _peers(plan: Plan, results: Results) -> dict[str, dict[int, Callable[[bytes]
             peers[name] = {w.size: make(w) for w in plan.works}
         except Unavailable as why:
             results.skipped[name] = str(why)
+        except Exception as exc:  # a peer's own failure: noted, the rest still runs
+            results.skipped[name] = f"{type(exc).__name__}: {exc}"[:300]
     return peers
+
+
+def _peer_figures(results: Results, name: str, measure_all: Callable[[], dict[Key, Fig]]) -> None:
+    """A peer's figures of this run; a peer that fails (a wrong answer included) is
+    noted as skipped, and left out of the later runs."""
+    if name in results.skipped:
+        return
+    try:
+        results.add(name, measure_all())
+    except Exception as exc:
+        results.skipped[name] = f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _blocking_figures(plan: Plan, fns: dict[int, Callable[[bytes], Any]]) -> dict[Key, Fig]:
+    """A blocking peer at each body size, one request at a time."""
+    return {(w.size, 1): measure_blocking(fns[w.size], w, plan.requests[w.size])
+            for w in plan.works}  # fmt: skip
+
+
+def _threaded_figures(plan: Plan, fns: dict[int, Callable[[bytes], Any]]) -> dict[Key, Fig]:
+    """A peer run through ``asyncio.to_thread`` at each body size and task count."""
+
+    def requests_for(w: Work) -> Request:
+        return threaded_request(fns[w.size])
+
+    figures: dict[Key, Fig] = run_on(
+        "asyncio", lambda: loop_peer_figures(plan, requests_for, plan.tasks)
+    )
+    return figures
 
 
 def one_run(plan: Plan, results: Results, peers: dict[str, dict[int, Any]], floor: bool) -> None:
@@ -441,24 +475,16 @@ def one_run(plan: Plan, results: Results, peers: dict[str, dict[int, Any]], floo
     results.add("numpy", run_on("asyncio", lambda: loop_peer_figures(plan, numpy_request, [1])))
     for name in BLOCKING:
         if name in peers:
-            figs = {(w.size, 1): measure_blocking(peers[name][w.size], w, plan.requests[w.size])
-                    for w in plan.works}  # fmt: skip
-            results.add(name, figs)
+            _peer_figures(results, name, functools.partial(_blocking_figures, plan, peers[name]))
     if "cupy_threads" in peers:
-        fns = peers["cupy_threads"]
-
-        def threaded(w: Work) -> Request:
-            return threaded_request(fns[w.size])
-
-        results.add(
-            "cupy_threads", run_on("asyncio", lambda: loop_peer_figures(plan, threaded, plan.tasks))
-        )
+        threaded = functools.partial(_threaded_figures, plan, peers["cupy_threads"])
+        _peer_figures(results, "cupy_threads", threaded)
     if floor and "c_floor" not in results.skipped:
         try:
             us = c_floor(plan.device, [w.size for w in plan.works])
             results.add("c_floor", {(s, 1): (v, v) for s, v in us.items()})
-        except Unavailable as why:
-            results.skipped["c_floor"] = str(why)
+        except Exception as why:  # Unavailable, or the compile or the program failing
+            results.skipped["c_floor"] = str(why)[:300]
     print("  peers done", file=sys.stderr, flush=True)
 
 

@@ -117,3 +117,17 @@ def test_a_wrong_answer_fails_the_figure(bench: ModuleType) -> None:
     assert cpu >= 0
     with pytest.raises(bench.WrongAnswer, match="1 KiB, task 0: wrong answer"):
         asyncio.run(bench.measure("asyncio", off_by_one, work, 4, 16))
+
+
+def test_a_failing_peer_is_noted_and_the_run_goes_on(bench: ModuleType) -> None:
+    results = bench.Results()
+
+    def broken() -> dict[tuple[int, int], tuple[float, float]]:
+        raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
+
+    bench._peer_figures(results, "torch", broken)
+    bench._peer_figures(results, "cupy", lambda: {(1024, 1): (5.0, 5.0)})
+    assert results.skipped == {"torch": "RuntimeError: CUDA_ERROR_LAUNCH_FAILED"}
+    assert results.median("cupy", (1024, 1)) == 5.0
+    bench._peer_figures(results, "torch", lambda: {(1024, 1): (1.0, 1.0)})  # not retried
+    assert results.median("torch", (1024, 1)) is None
