@@ -571,7 +571,8 @@ def report(plan: Plan, results: Results) -> tuple[str, dict[str, Any]]:
         ".with_scalar(np.uint32, [n])`, `execute` of `y = 2x + 1` (float32), "
         "`await read([y])`; each task runs its share of the requests in a loop. "
         "Blocking peers run one request at a time (their figure in the 1-task row); the "
-        "ratio compares each row with the best of them. Requests per figure: "
+        "ratio compares each row with the best of them (with numpy on the loop where no GPU "
+        "peer ran). Requests per figure: "
         + ", ".join(f"{size_label(s)} {n}" for s, n in plan.requests.items())
         + f"; trio at {', '.join(size_label(s) for s in plan.trio_sizes)} only."
         + (f"\n\nSkipped: {skipped}." if skipped else ""),
