@@ -162,11 +162,18 @@ async def spawn(backend: str, jobs: Sequence[Callable[[], Awaitable[None]]]) -> 
 
 
 async def measure(
-    backend: str, request: Request, work: Work, tasks: int, requests: int, collect: bool = True
+    backend: str,
+    request: Request,
+    work: Work,
+    tasks: int,
+    requests: int,
+    collect: bool = True,
+    check: bool = True,
 ) -> tuple[float, float]:
     """(µs, loop-thread CPU µs) per request: ``tasks`` tasks, each running its share of
     ``requests`` (at least 2) in a loop; each task's first answer is checked once the
-    clock has stopped. ``collect``: a full garbage collection first (outside the clock)."""
+    clock has stopped (unless ``check`` is False: a driver that computes nothing).
+    ``collect``: a full garbage collection first (outside the clock)."""
     per = max(2, requests // tasks)
     first: list[Any] = [None] * tasks
 
@@ -186,7 +193,7 @@ async def measure(
     w0, c0 = time.perf_counter(), time.thread_time()
     await spawn(backend, jobs)
     w1, c1 = time.perf_counter(), time.thread_time()
-    for i, out in enumerate(first):
+    for i, out in enumerate(first if check else ()):
         if _as_bytes(out) != work.want[i % BODIES]:
             raise WrongAnswer(f"{size_label(work.size)}, task {i}: wrong answer")
     n = per * tasks

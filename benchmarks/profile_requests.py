@@ -126,8 +126,9 @@ def _area(key: tuple[str, int, str]) -> str:
 
 
 def fast_routes(client: Any) -> tuple[int, int, int, int] | None:
-    """The CUDA server's one-call launch route's counters (launches taken inline,
-    declined, taken from the actor's queue, declined there), or None (no such route)."""
+    """The CUDA server's one-call routes' counters (``empty``, launch and small read
+    offers taken inline, declined; launches taken from the actor's queue, declined
+    there), or None (no such routes: the host server)."""
     fast = getattr(client, "_fast", None)
     if fast is None:
         return None
@@ -172,54 +173,79 @@ def profile_summary(prof: cProfile.Profile, n: int, top: int) -> str:
     return "\n".join(lines)
 
 
-async def _profile(args: argparse.Namespace, backend: str) -> str:
-    import asynccube as ac
+async def _open(args: argparse.Namespace) -> Any:
+    """A client on ``args.device``, or on the CUDA server over the no-op driver."""
+    if not args.fake_cuda:
+        import asynccube as ac
 
+        return await ac.connect(args.device)
+    import asyncio
+
+    import bench_overhead
+
+    from asynccube._core.client.client import ComputeClient
+
+    return ComputeClient(bench_overhead._server(), asyncio.get_running_loop())
+
+
+async def _profile(args: argparse.Namespace, backend: str) -> str:
+    client = await _open(args)
+    try:
+        return await _profile_on(client, args, backend)
+    finally:
+        await client.close()
+
+
+async def _profile_on(client: Any, args: argparse.Namespace, backend: str) -> str:
+    """The phases, the routes taken and the profiles on ``client`` (markdown)."""
     work = work_for(args.size)
     kernel = y2x1_kernel()
     out = []
-    async with ac.open_client(args.device) as client:
-        acc = [0.0] * len(PHASES)
-        request = phased_request(client, kernel, work, acc)
-        await measure(backend, request, work, 1, 64)  # compile, load, pools
-        await measure(backend, request, work, 64, 256)
-        phase_rows: list[list[str]] = []
-        routes = []
-        for tasks in args.tasks:
-            acc[:] = [0.0] * len(PHASES)
-            per = max(2, args.requests // tasks)
-            before = fast_routes(client)
-            wall, cpu = await measure(backend, request, work, tasks, args.requests)
-            n = per * tasks
-            after = fast_routes(client)
-            if before is not None and after is not None:
-                moved = [(a - b) / n for a, b in zip(after, before, strict=True)]
-                routes.append([str(tasks), *(f"{m:.2f}" for m in moved)])
-            us = [a / n * 1e6 for a in acc]
-            sync = sum(us[:SYNC])
-            phase_rows.append([str(tasks), *(f"{u:.1f}" for u in us), f"{sync:.1f}",
-                               f"{wall - sync:.1f}", f"{wall:.1f}", f"{cpu:.1f}"])  # fmt: skip
-        head = ["tasks", *PHASES, "calls before the await", "rest of the loop", "wall",
-                "loop CPU"]  # fmt: skip
-        out.append(f"### Phases, µs per request ({size_label(work.size)}, {backend}, "
-                   f"{client.device})\n\n" + table(head, phase_rows))  # fmt: skip
-        if routes:
-            out.append("The one-call launch route (`FastLaunch`), launches per request:\n\n"
-                       + table(["tasks", "taken inline", "declined", "taken from the queue",
-                                "declined there"], routes))  # fmt: skip
-        plain = asynccube_request(client, kernel, work)
-        for tasks in args.tasks:
-            per = max(2, args.requests // tasks)
-            gc.collect()
-            prof = cProfile.Profile()
-            prof.enable()
-            wall, cpu = await measure(backend, plain, work, tasks, args.requests, collect=False)
-            prof.disable()
-            out.append(
-                f"### cProfile, {tasks} task{'s' if tasks > 1 else ''} "
-                f"({wall:.1f} µs per request under the profiler)\n\n"
-                + profile_summary(prof, per * tasks, args.top)
-            )
+    check = not args.fake_cuda  # the no-op driver copies and computes nothing
+    acc = [0.0] * len(PHASES)
+    request = phased_request(client, kernel, work, acc)
+    await measure(backend, request, work, 1, 64, check=check)  # compile, load, pools
+    await measure(backend, request, work, 64, 256, check=check)
+    phase_rows: list[list[str]] = []
+    routes = []
+    for tasks in args.tasks:
+        acc[:] = [0.0] * len(PHASES)
+        per = max(2, args.requests // tasks)
+        before = fast_routes(client)
+        wall, cpu = await measure(backend, request, work, tasks, args.requests, check=check)
+        n = per * tasks
+        after = fast_routes(client)
+        if before is not None and after is not None:
+            moved = [(a - b) / n for a, b in zip(after, before, strict=True)]
+            routes.append([str(tasks), *(f"{m:.2f}" for m in moved)])
+        us = [a / n * 1e6 for a in acc]
+        sync = sum(us[:SYNC])
+        phase_rows.append([str(tasks), *(f"{u:.1f}" for u in us), f"{sync:.1f}",
+                           f"{wall - sync:.1f}", f"{wall:.1f}", f"{cpu:.1f}"])  # fmt: skip
+    head = ["tasks", *PHASES, "calls before the await", "rest of the loop", "wall",
+            "loop CPU"]  # fmt: skip
+    out.append(f"### Phases, µs per request ({size_label(work.size)}, {backend}, "
+               f"{client.device})\n\n" + table(head, phase_rows))  # fmt: skip
+    if routes:
+        out.append("The one-call routes (`FastLaunch`: `empty`, the launch, the small "
+                   "read; four offers per request), per request:\n\n"
+                   + table(["tasks", "taken inline", "declined", "launches taken from the "
+                            "actor's queue", "declined there"], routes))  # fmt: skip
+    plain = asynccube_request(client, kernel, work)
+    for tasks in args.tasks:
+        per = max(2, args.requests // tasks)
+        gc.collect()
+        prof = cProfile.Profile()
+        prof.enable()
+        wall, cpu = await measure(
+            backend, plain, work, tasks, args.requests, collect=False, check=check
+        )
+        prof.disable()
+        out.append(
+            f"### cProfile, {tasks} task{'s' if tasks > 1 else ''} "
+            f"({wall:.1f} µs per request under the profiler)\n\n"
+            + profile_summary(prof, per * tasks, args.top)
+        )
     return "\n\n".join(out)
 
 
@@ -233,7 +259,20 @@ def main(argv: Sequence[str] | None = None) -> str:
     ap.add_argument("--requests", type=int, default=2048, help="requests per figure")
     ap.add_argument("--top", type=int, default=25, help="rows of each profile table")
     ap.add_argument("--save", default="", help="also write the report to this file")
+    ap.add_argument(
+        "--fake-cuda",
+        action="store_true",
+        help="the CUDA server over bench_overhead's no-op driver (no GPU needed: the "
+        "CUDA path's own work and route choices; answers not checked)",
+    )
     args = ap.parse_args(argv)
+    if args.fake_cuda:
+        if args.loop == "trio":
+            ap.error("--fake-cuda runs under asyncio or uvloop")
+        import bench_overhead
+
+        bench_overhead.install_fake()  # before any CUDA server is built
+        args.device = "cuda (no-op driver)"
     args.device = args.device or default_device()
     args.tasks = [int(t) for t in args.tasks.split(",") if t]
     body = run_on(args.loop, lambda: _profile(args, args.loop))

@@ -1,13 +1,15 @@
 """benchmarks/bench_requests.py (issue 38) runs a tiny configuration on the host server:
 both tables carry a row per (body, tasks) with a figure for each loop, the peers that
-need a GPU are named as skipped; its profile tool prints the phases and the profiles; the
-report judges the goals against the best blocking peer, and a wrong answer fails a figure."""
+need a GPU are named as skipped; its profile tool prints the phases and the profiles, on
+the host server and on the CUDA server over the no-op driver; the report judges the goals
+against the best blocking peer, and a wrong answer fails a figure."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -64,6 +66,25 @@ def test_the_profile_tool_prints_phases_and_calls_per_request() -> None:
     assert all(float(c) >= 0 for r in phases for c in r[1:])
     assert out.count("Calls per request: ") == 2
     assert "| Channel.send | 4.00 |" in out  # create, empty, execute, read
+
+
+def test_the_profile_tool_runs_the_cuda_path_on_the_no_op_driver() -> None:
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler (cc) to build the no-op libcuda.so.1")
+    try:
+        from asynccube._core.cuda import compiler
+
+        compiler.nvrtc_version()
+    except Exception as exc:
+        pytest.skip(f"NVRTC is not available: {exc}")
+    out = _run("profile_requests.py", "--fake-cuda", "--tasks", "1,4", "--requests", "64",
+               "--top", "3")  # fmt: skip
+    assert "on cuda (no-op driver)" in out
+    routes = [r for r in _rows(out, "1") + _rows(out, "4") if len(r) == 5]
+    assert [r[0] for r in routes] == ["1", "4"]
+    for row in routes:  # two allocations, a launch and a read offered to the routes
+        assert float(row[1]) + float(row[2]) == pytest.approx(4.0, abs=0.05)
+    assert out.count("Calls per request: ") == 2
 
 
 @pytest.fixture
