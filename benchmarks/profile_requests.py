@@ -225,7 +225,7 @@ async def _profile_on(client: Any, args: argparse.Namespace, backend: str) -> st
     head = ["tasks", *PHASES, "calls before the await", "rest of the loop", "wall",
             "loop CPU"]  # fmt: skip
     out.append(f"### Phases, µs per request ({size_label(work.size)}, {backend}, "
-               f"{client.device})\n\n" + table(head, phase_rows))  # fmt: skip
+               f"{args.device})\n\n" + table(head, phase_rows))  # fmt: skip
     if routes:
         out.append("The one-call routes (`FastLaunch`: `empty`, the launch, the small "
                    "read; four offers per request), per request:\n\n"
