@@ -12,10 +12,16 @@ For each task count (``--tasks``, 1 and 64 by default), on the chosen device and
 2. **cProfile** of the same run (the loop thread only): the calls per request (Python
    functions and built-ins), the top functions by own time, own time by source file,
    and counters per request (loop iterations, actor drains, commands run inline or
-   queued, completions, wake-ups from other threads). cProfile roughly doubles the
-   time of a call: read the ratios, not the absolute µs.
+   queued, completions, wake-ups from other threads, calls that took the Python route).
+   cProfile roughly doubles the time of a call: read the ratios, not the absolute µs.
+3. On CUDA, the one-call routes (``FastLaunch``'s ``empty``, launch and small read):
+   offers taken and declined per request.
+
+``--fake-cuda`` runs the CUDA server over ``bench_overhead.py``'s no-op driver (no GPU
+needed: the CUDA path's own work and its route choices; answers are not checked).
 
     python benchmarks/profile_requests.py --device host --tasks 1,64
+    python benchmarks/profile_requests.py --fake-cuda --tasks 1,8,64,256
     python benchmarks/profile_requests.py --device cuda:0 --loop uvloop --size 1024
     python benchmarks/profile_requests.py --save benchmarks/profiles/requests/host.md
 """
