@@ -8,6 +8,12 @@
  *       cuLaunchKernel (4-arg add4, empty kernel), launch + cuStreamSynchronize,
  *       1 KiB cuMemcpyDtoHAsync + sync, cuMemAllocAsync + cuMemFreeAsync 1 MiB;
  *       prints one JSON object. argv: CUBIN_PATH
+ *     (the same program) floor CUBIN_PATH request SYMBOL BYTES...: the request of
+ *       benchmarks/bench_requests.py in C, blocking, for each body size: the body copied
+ *       into pinned memory and on to a new device buffer, a new output buffer, the
+ *       kernel SYMBOL (y = 2x + 1 over floats), the result read back through pinned
+ *       memory into a new host buffer, both device buffers freed in stream order, one
+ *       cuStreamSynchronize; prints {"c_request_us": {"BYTES": us, ...}}
  *   gcc -O2 -shared -fPIC -DFLOOR_EXT -I<python include> floor.c -ldl -o _floor.so
  *       a CPython extension: launch() does one pre-packed cuLaunchKernel per Python
  *       call (the C-extension-call floor).
@@ -42,6 +48,9 @@ static CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
 static CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
 static CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned,
                                   unsigned, unsigned, unsigned, CUstream, void **, void **);
+static CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+static CUresult (*cuDeviceGetDefaultMemPool)(void **, CUdevice);
+static CUresult (*cuMemPoolSetAttribute)(void *, int, void *);
 
 static const char *floor_error = NULL;
 static int floor_code = 0;
@@ -71,6 +80,9 @@ static int resolve(void) {
     RESOLVE(lib, cuMemFreeAsync);
     RESOLVE(lib, cuLaunchKernel);
     RESOLVE(lib, cuMemAlloc);
+    RESOLVE(lib, cuMemcpyHtoDAsync);
+    RESOLVE(lib, cuDeviceGetDefaultMemPool);
+    RESOLVE(lib, cuMemPoolSetAttribute);
     return 0;
 }
 
@@ -87,19 +99,26 @@ static unsigned n_elems = 4096;
 static void *add4_params[4];
 static unsigned grid;
 
-static int setup(const void *cubin) {
-    CUdevice dev;
+static CUdevice device;
+static CUmodule cubin_module;
+
+/* the driver, the primary context of GPU 0, the cubin loaded and the floor's stream */
+static int open_module(const void *cubin) {
     CUcontext ctx;
-    CUmodule mod;
     if (resolve()) return -1;
     CK(cuInit(0));
-    CK(cuDeviceGet(&dev, 0));
-    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuDeviceGet(&device, 0));
+    CK(cuDevicePrimaryCtxRetain(&ctx, device));
     CK(cuCtxSetCurrent(ctx));
-    CK(cuModuleLoadData(&mod, cubin));
-    CK(cuModuleGetFunction(&add4, mod, "add4"));
-    CK(cuModuleGetFunction(&empty, mod, "empty_kernel"));
+    CK(cuModuleLoadData(&cubin_module, cubin));
     CK(cuStreamCreate(&stream, 1 /* CU_STREAM_NON_BLOCKING */));
+    return 0;
+}
+
+static int setup(const void *cubin) {
+    if (open_module(cubin)) return -1;
+    CK(cuModuleGetFunction(&add4, cubin_module, "add4"));
+    CK(cuModuleGetFunction(&empty, cubin_module, "empty_kernel"));
     for (int i = 0; i < 3; ++i) CK(cuMemAlloc(&bufs[i], 4 * (size_t)n_elems));
     for (int i = 0; i < 3; ++i) add4_params[i] = &bufs[i];
     add4_params[3] = &n_elems;
@@ -183,8 +202,82 @@ static int run(void) {
     return 0;
 }
 
+/* One request (see the header), blocking; the answer in a new host buffer (*out). */
+static int one_request(CUfunction f, const void *body, void *pin_in, void *pin_out,
+                       size_t nbytes, void **out) {
+    CUdeviceptr x, y;
+    unsigned n = (unsigned)(nbytes / 4), g = (n + 255) / 256;
+    void *params[3] = {&x, &y, &n};
+    memcpy(pin_in, body, nbytes);
+    CK(cuMemAllocAsync(&x, nbytes, stream));
+    CK(cuMemcpyHtoDAsync(x, pin_in, nbytes, stream));
+    CK(cuMemAllocAsync(&y, nbytes, stream));
+    CK(cuLaunchKernel(f, g, 1, 1, 256, 1, 1, 0, stream, params, NULL));
+    CK(cuMemcpyDtoHAsync(pin_out, y, nbytes, stream));
+    CK(cuMemFreeAsync(x, stream));
+    CK(cuMemFreeAsync(y, stream));
+    CK(cuStreamSynchronize(stream));
+    *out = malloc(nbytes);
+    if (!*out) { floor_error = "malloc"; return -1; }
+    memcpy(*out, pin_out, nbytes);
+    return 0;
+}
+
+/* µs per request for each body size: best of 3 rounds (200 warm-up requests first);
+ * the first answer checked against 2x + 1. The default memory pool keeps what is freed
+ * (release threshold: all), as the frameworks' caching allocators do. */
+static int run_requests(const char *symbol, int count, char **sizes) {
+    CUfunction f;
+    void *pool;
+    unsigned long long keep = ~0ULL;
+    CK(cuModuleGetFunction(&f, cubin_module, symbol));
+    CK(cuDeviceGetDefaultMemPool(&pool, device));
+    CK(cuMemPoolSetAttribute(pool, 4 /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */, &keep));
+    printf("{\"c_request_us\": {");
+    for (int k = 0; k < count; ++k) {
+        size_t nbytes = strtoull(sizes[k], NULL, 10);
+        int reps = nbytes >= (1u << 20) ? 1000 : 3000;
+        float *body = malloc(nbytes);
+        void *pin_in, *pin_out, *out;
+        double best = 1e9;
+        if (!body || nbytes < 4 || nbytes % 4) { floor_error = "body size"; return -1; }
+        for (size_t i = 0; i < nbytes / 4; ++i) body[i] = (float)(i % 1000) * 0.25f - 3.0f;
+        CK(cuMemHostAlloc(&pin_in, nbytes, 0));
+        CK(cuMemHostAlloc(&pin_out, nbytes, 0));
+        if (one_request(f, body, pin_in, pin_out, nbytes, &out)) return -1;
+        for (size_t i = 0; i < nbytes / 4; ++i) {
+            if (((float *)out)[i] != 2.0f * body[i] + 1.0f) {
+                floor_error = "wrong answer";
+                return -1;
+            }
+        }
+        free(out);
+        for (int i = 0; i < 200; ++i) {
+            if (one_request(f, body, pin_in, pin_out, nbytes, &out)) return -1;
+            free(out);
+        }
+        for (int round = 0; round < 3; ++round) {
+            double t0 = now();
+            for (int i = 0; i < reps; ++i) {
+                if (one_request(f, body, pin_in, pin_out, nbytes, &out)) return -1;
+                free(out);
+            }
+            double t = (now() - t0) / reps * 1e6;
+            if (t < best) best = t;
+        }
+        printf("%s\"%zu\": %.4f", k ? ", " : "", nbytes, best);
+        free(body);
+    }
+    printf("}}\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 2) { fprintf(stderr, "usage: floor CUBIN\n"); return 2; }
+    int requests = argc >= 4 && strcmp(argv[2], "request") == 0;
+    if (argc != 2 && !requests) {
+        fprintf(stderr, "usage: floor CUBIN [request SYMBOL BYTES...]\n");
+        return 2;
+    }
     FILE *f = fopen(argv[1], "rb");
     if (!f) { perror(argv[1]); return 2; }
     fseek(f, 0, SEEK_END);
@@ -193,8 +286,10 @@ int main(int argc, char **argv) {
     char *cubin = malloc(size);
     if (!cubin || fread(cubin, 1, size, f) != (size_t)size) { fprintf(stderr, "read\n"); return 2; }
     fclose(f);
-    if (setup(cubin) || run()) {
-        printf("{\"error\": \"%s\", \"code\": %d}\n", floor_error, floor_code);
+    int failed = requests ? open_module(cubin) || run_requests(argv[3], argc - 4, argv + 4)
+                          : setup(cubin) || run();
+    if (failed) {
+        printf("\n{\"error\": \"%s\", \"code\": %d}\n", floor_error, floor_code);
         return 1;
     }
     return 0;
