@@ -75,3 +75,31 @@ async def test_an_execution_error_names_the_kernel(host_client: ac.ComputeClient
     host_client.execute(FAIL, ac.CubeCount(1), ac.Bindings())
     with pytest.raises(ac.ExecutionError, match="kernel 'test_lifecycle_fail' failed"):
         await host_client.sync()
+
+
+@pytest.mark.asyncio
+async def test_close_from_another_loop_is_refused_and_leaves_the_client_open(
+    host_client: ac.ComputeClient,
+) -> None:
+    """Issue 37, point 5: LoopMismatchError, as every other method, before any change."""
+
+    def close_elsewhere() -> BaseException | None:
+        try:
+            asyncio.run(host_client.close())
+        except BaseException as exc:
+            return exc
+        return None
+
+    err = await asyncio.get_running_loop().run_in_executor(None, close_elsewhere)
+    assert isinstance(err, ac.LoopMismatchError)
+    assert not host_client.closed
+    h = host_client.create(b"still open")
+    assert await host_client.read([h]) == [b"still open"]
+
+
+@pytest.mark.asyncio
+async def test_close_again_after_close_is_a_no_op_from_anywhere() -> None:
+    client = await ac.connect("host")
+    await client.close()
+    await asyncio.get_running_loop().run_in_executor(None, asyncio.run, client.close())
+    assert client.closed

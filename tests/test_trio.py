@@ -181,6 +181,7 @@ def test_a_call_from_another_thread_raises_and_the_client_serves() -> None:
     trio.run(main)
     assert len(errors) == 1 and isinstance(errors[0], ac.LoopMismatchError)
     assert "trio" in str(errors[0]) and "trio_token" in str(errors[0])
+    assert "make the handler `async def`" in str(errors[0])  # issue 37, point 18
 
 
 def _read_from_thread(client: ac.ComputeClient) -> list[bytes]:
@@ -382,3 +383,29 @@ def test_polled_completions_resolve_under_trio(when: str) -> None:
     seen, handed = trio.run(main)
     assert seen == ["done"]
     assert handed == (1 if when == "long" else 0)
+
+
+def test_close_from_another_run_or_loop_is_refused_and_leaves_the_client_open() -> None:
+    """Issue 37, point 5: close() from asyncio or another trio run raises
+    LoopMismatchError before any change; the client keeps serving its own run."""
+
+    async def close_in_trio(client: ac.ComputeClient) -> None:
+        await client.close()
+
+    def close_elsewhere(client: ac.ComputeClient) -> list[BaseException]:
+        errors: list[BaseException] = []
+        for run in (lambda: asyncio.run(client.close()), lambda: trio.run(close_in_trio, client)):
+            try:
+                run()
+            except BaseException as exc:
+                errors.append(exc)
+        return errors
+
+    async def main() -> None:
+        async with ac.open_client("host") as client:
+            errors = await trio.to_thread.run_sync(close_elsewhere, client)
+            assert [type(e) for e in errors] == [ac.LoopMismatchError] * 2
+            assert not client.closed
+            assert await client.read([client.create(b"open")]) == [b"open"]
+
+    trio.run(main)

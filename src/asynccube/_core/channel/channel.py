@@ -34,7 +34,7 @@ from ..errors import (
 )
 from ..server.protocol import ComputeServer
 from .awaitable import ClientFuture
-from .backend import backend_of
+from .backend import backend_of, current_library
 from .closing import State, begin_close, die
 from .closing import awaited as _awaited
 from .completion import CompletionWatcher
@@ -134,13 +134,31 @@ class Channel(Settling):
         if self.state is not State.OPEN:
             raise self._unusable()
         if asyncio._get_running_loop() is not self.loop and not self.backend.on_loop():
-            raise LoopMismatchError(
-                f"this client runs on another event loop or thread (it was opened under "
-                f"{self.backend.name}); call it from its own loop, or "
-                f"{self.backend.thread_hint}"
-            )
+            raise self._mismatch()
         if self.guard is not None:
             self.guard(sys._getframe(1).f_code.co_name)
+
+    def check_loop(self) -> None:
+        """Raise LoopMismatchError unless called from the channel's own loop (whatever
+        its state: ``close()`` asks this before it changes anything)."""
+        if asyncio._get_running_loop() is not self.loop and not self.backend.on_loop():
+            raise self._mismatch()
+
+    def _mismatch(self) -> LoopMismatchError:
+        if asyncio._get_running_loop() is None and current_library() is None:
+            # A thread with no event loop: most often a sync handler that a web
+            # framework runs in its thread pool.
+            return LoopMismatchError(
+                f"this client belongs to an event loop ({self.backend.name}) and was "
+                "called from another thread, which runs none (a sync endpoint of a web "
+                "framework runs in a thread pool, for one): make the handler "
+                f"`async def` so it runs on the client's loop, or {self.backend.thread_hint}"
+            )
+        return LoopMismatchError(
+            f"this client runs on another event loop or thread (it was opened under "
+            f"{self.backend.name}); call it from its own loop, or "
+            f"{self.backend.thread_hint}"
+        )
 
     def in_actor(self) -> bool:
         """True while the actor runs the queue (a caller running a command inline sees
@@ -354,6 +372,10 @@ class Channel(Settling):
 
     def _die(self, exc: BaseException) -> None:
         die(self, exc)
+
+    def actor_done(self) -> bool:
+        """True once the actor task has ended."""
+        return self._actor.done()
 
     async def wait_actor(self) -> None:
         """Wait for the actor task to end (after close or death)."""

@@ -27,6 +27,8 @@ class Lifecycle:
     async def close(self, release: Callable[[], None]) -> None:
         """See :meth:`ComputeClient.close`; ``release`` runs first (the client's graphs)."""
         channel = self._channel
+        if not self._ended():  # from another loop: refused before any change, so the
+            channel.check_loop()  # owner's client stays usable (once ended: a no-op)
         if channel.state is State.OPEN:
             release()
             self._closing = channel.begin_close()
@@ -36,6 +38,15 @@ class Lifecycle:
             await channel.wait_actor()
         finally:
             self._jobs.close()
+
+    def _ended(self) -> bool:
+        """True once the close (or death) is over: nothing left to await."""
+        closing = self._closing
+        return (
+            self._channel.state in (State.CLOSED, State.DEAD)
+            and (closing is None or closing.done())
+            and self._channel.actor_done()
+        )
 
 
 async def close_within(closing: Awaitable[None], exc: object) -> None:
