@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import warnings
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -103,3 +105,54 @@ async def test_close_again_after_close_is_a_no_op_from_anywhere() -> None:
     await client.close()
     await asyncio.get_running_loop().run_in_executor(None, asyncio.run, client.close())
     assert client.closed
+
+
+def _run_collecting(main: Callable[[], Coroutine[Any, Any, None]]) -> list[dict[str, Any]]:
+    """Run ``main`` in a fresh loop (torn down as ``asyncio.run`` does); what the loop's
+    exception handler got."""
+    reported: list[dict[str, Any]] = []
+    with asyncio.Runner() as runner:
+        runner.get_loop().set_exception_handler(lambda _, context: reported.append(context))
+        runner.run(main())
+    return reported
+
+
+def test_a_close_during_the_loops_teardown_raises_nothing() -> None:
+    """Issue 37, point 7: a service stopped by a second Ctrl-C: its task and the actor
+    are cancelled in one step (the teardown cancels every task), the service's task
+    first; its close ran ``_wake`` on the actor's cancelled future (InvalidStateError)."""
+    noted: list[BaseException] = []
+
+    async def service(ready: asyncio.Future[ac.ComputeClient]) -> None:
+        try:
+            async with ac.open_client("host") as client:
+                ready.set_result(client)
+                await asyncio.sleep(10)
+        except asyncio.CancelledError as exc:
+            noted.append(exc)
+            raise
+
+    async def main() -> None:
+        ready: asyncio.Future[ac.ComputeClient] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(service(ready))
+        client = await ready
+        task.cancel()  # as the teardown does, the service's task before the actor's
+        client._channel._actor.cancel()
+        await asyncio.wait([task])
+
+    assert _run_collecting(main) == []
+    assert len(noted) == 1 and not getattr(noted[0], "__notes__", None)
+
+
+def test_a_close_of_a_client_whose_actor_never_ran_ends() -> None:
+    """A loop torn down right after the open: the actor is cancelled before its first
+    step (no ``except`` of its own runs); the close ends instead of waiting forever."""
+
+    async def main() -> None:
+        client = await ac.connect("host")
+        client.create(b"queued")  # before the actor's first step: queued for it
+        client._channel._actor.cancel()
+        await asyncio.wait_for(client.close(), 10)
+        assert client.closed
+
+    assert _run_collecting(main) == []

@@ -409,3 +409,31 @@ def test_close_from_another_run_or_loop_is_refused_and_leaves_the_client_open() 
             assert await client.read([client.create(b"open")]) == [b"open"]
 
     trio.run(main)
+
+
+def test_a_close_while_the_run_ends_raises_nothing() -> None:
+    """Issue 37, point 7 under trio: the run's end cancels the actor and a service's
+    system task together; the service's (shielded) close must neither raise (a wakeup
+    future cancelled with the actor) nor wait forever."""
+    outcome: list[object] = []
+
+    async def service(client: ac.ComputeClient, order: int) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    with trio.fail_after(10):
+                        await client.close()
+                    outcome.append(order)
+                except BaseException as exc:
+                    outcome.append(exc)
+
+    async def main() -> None:
+        for order in range(4):  # the order the run's end cancels system tasks in varies
+            client = await ac.connect("host")
+            trio.lowlevel.spawn_system_task(service, client, order)
+        await trio.lowlevel.checkpoint()
+
+    trio.run(main)
+    assert sorted(outcome, key=str) == [0, 1, 2, 3]

@@ -57,6 +57,7 @@ class Channel(Settling):
         "_batch_end_scheduled",
         "_blocked",
         "_cancelled",
+        "_close_fut",
         "_death",
         "_exclusive",
         "_guards",
@@ -105,6 +106,8 @@ class Channel(Settling):
         self._clears_at_call = not hasattr(server, "taint")
         self._taint_in_order = getattr(server, "taint", None)
         self._death: BaseException | None = None
+        self._close_fut: asyncio.Future[Any] | None = None
+        """The close's future, once ``begin_close`` made it (see :mod:`.closing`)."""
         self._stop = False
         self._batch_end_scheduled = False
         self._yielding = False
@@ -126,6 +129,9 @@ class Channel(Settling):
         """The turns of exclusive blocks (made by the first ``client.exclusive()``)."""
         self._activate: Callable[[], None] | None = getattr(server, "activate", None)
         self._actor = loop.create_task(self._run(), name="asynccube-actor")
+        # An actor cancelled before it ever ran (a loop torn down at once) runs no
+        # ``except``: its end is seen here, so nothing waits for it forever.
+        self._actor.add_done_callback(self._actor_ended)
 
     # -- client side ------------------------------------------------------------------
 
@@ -274,7 +280,8 @@ class Channel(Settling):
         wakeup = self._wakeup
         if wakeup is not None:
             self._wakeup = None
-            wakeup.set_result(None)
+            if not wakeup.done():  # cancelled with the actor (a loop's teardown)
+                wakeup.set_result(None)
 
     def _run_inline(self, op: Op, args: tuple[Any, ...]) -> None:
         start = time.perf_counter()
@@ -336,6 +343,10 @@ class Channel(Settling):
             self._die(exc)
             if isinstance(exc, self._cancelled):
                 raise
+
+    def _actor_ended(self, actor: asyncio.Future[None]) -> None:
+        if actor.cancelled() and self.state is not State.DEAD:  # before it ever ran
+            self._die(asyncio.CancelledError())
 
     async def _drain(self) -> None:
         queue = self._queue
