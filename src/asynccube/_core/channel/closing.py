@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from ..errors import AsyncCubeError
 from ..server.protocol import Completion
 from .completion import CompletionWatcher
-from .held import HeldErrors, combine
+from .held import HeldErrors, combine, detach_frames
 from .settle import Op
 
 __all__ = ["Ending", "State", "awaited", "begin_close", "die"]
@@ -96,6 +96,7 @@ def _finish_close(channel: Ending, fut: asyncio.Future[Any], error: BaseExceptio
     server's close's, first), or None."""
     leftovers = _unretrieved(channel) + channel._held.drain()
     if error is not None:
+        detach_frames(error)  # the server's close's own: its frames would keep the server
         leftovers.insert(0, error)
     channel._pending.discard(fut)
     if fut.done():  # the close was cancelled: report them to the loop, not lose them
