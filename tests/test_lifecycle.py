@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
+import logging
 import warnings
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -156,3 +158,38 @@ def test_a_close_of_a_client_whose_actor_never_ran_ends() -> None:
         assert client.closed
 
     assert _run_collecting(main) == []
+
+
+def test_a_dropped_client_warns_where_it_was_opened_and_asyncio_says_nothing() -> None:
+    """Issue 37, point 17: a notebook cell run again (``client = await ac.connect()``)
+    drops the first client: one ResourceWarning naming it and the line that opened it,
+    and no "Task was destroyed but it is pending!" from asyncio for its actor."""
+    logged: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = logged.append  # type: ignore[method-assign]
+    asyncio_log = logging.getLogger("asyncio")
+    asyncio_log.addHandler(handler)
+
+    async def cell() -> None:
+        client = await ac.connect("host")  # the line the warning names
+        line = inspect.currentframe().f_lineno - 1  # type: ignore[union-attr]
+        client.create(b"x")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            client = await ac.connect("host")  # run again: the first one is dropped
+            gc.collect()  # its actor's task goes with it
+            await asyncio.sleep(0)
+            gc.collect()
+        unclosed = [w for w in caught if issubclass(w.category, ResourceWarning)]
+        assert len(unclosed) == 1, [str(w.message) for w in caught]
+        text = str(unclosed[0].message)
+        assert "unclosed ComputeClient(device='host'" in text
+        assert f"opened at {__file__}:{line}" in text
+        await client.close()
+
+    try:
+        asyncio.run(cell())
+        gc.collect()
+    finally:
+        asyncio_log.removeHandler(handler)
+    assert not [r for r in logged if "destroyed" in r.getMessage()], logged

@@ -437,3 +437,27 @@ def test_a_close_while_the_run_ends_raises_nothing() -> None:
 
     trio.run(main)
     assert sorted(outcome, key=str) == [0, 1, 2, 3]
+
+
+def test_a_dropped_client_warns_where_it_was_opened() -> None:
+    """Issue 37, point 17 under trio: one ResourceWarning naming the line that opened it."""
+
+    async def main() -> tuple[list[warnings.WarningMessage], int]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            client = await ac.connect("host")
+            line = _line() - 1
+            client = await ac.connect("host")  # run again: the first one is dropped
+            gc.collect()
+            await client.close()
+        return caught, line
+
+    caught, line = trio.run(main)
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert len(unclosed) == 1 and f"opened at {__file__}:{line}" in unclosed[0], unclosed
+
+
+def _line() -> int:
+    import inspect
+
+    return inspect.currentframe().f_back.f_lineno  # type: ignore[union-attr]

@@ -384,6 +384,11 @@ class Channel(Settling):
     def _die(self, exc: BaseException) -> None:
         die(self, exc)
 
+    @property
+    def actor(self) -> asyncio.Future[None]:
+        """The actor task (asyncio's, or the trio adapter's)."""
+        return self._actor
+
     def actor_done(self) -> bool:
         """True once the actor task has ended."""
         return self._actor.done()

@@ -411,4 +411,6 @@ class ComputeClient(ClientCoordination, ClientSurface):
         await close_within(self.close(), exc)
 
     def __del__(self) -> None:
-        warn_unclosed(self, getattr(self, "_channel", None))
+        lifecycle = getattr(self, "_lifecycle", None)
+        if lifecycle is not None:
+            warn_unclosed(self, self._channel, lifecycle.opened_at)
