@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 import anyio
 import anyio.lowlevel
 import numpy as np
-import sniffio
 
 import asynccube as ac
 
@@ -85,7 +84,7 @@ async def cancelled_reads_then_usage(
         (raw,) = await client.read([out])
         assert (np.frombuffer(raw, np.float32) == i + np.arange(N)).all()
 
-    if sniffio.current_async_library() == "asyncio":
+    if asyncio._get_running_loop() is not None:  # else trio
         cancelled = await _gathered(work, tasks, per_step, steps, rng)
     else:
         cancelled = await _in_a_task_group(work, tasks, per_step, steps, rng)
