@@ -200,6 +200,8 @@ async def test_call_from_another_thread_is_refused(host_client: ac.ComputeClient
     await asyncio.get_running_loop().run_in_executor(None, thread.join)
     assert len(errors) == 1 and isinstance(errors[0], ac.LoopMismatchError)
     assert "run_coroutine_threadsafe" in str(errors[0])
+    # Issue 37, point 18: the usual caller is a web framework's sync endpoint.
+    assert "make the handler `async def`" in str(errors[0])
 
 
 async def test_another_thread_can_route_through_run_coroutine_threadsafe(

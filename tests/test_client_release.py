@@ -140,3 +140,53 @@ async def test_a_held_error_does_not_keep_its_buffers(client: ac.ComputeClient) 
         await client.close()
     assert info.value.__traceback__ is not None  # raised anew by close(), here
     assert any("raised by a command that was not awaited" in n for n in info.value.__notes__)
+
+
+def _fail_host(launch: ac.HostLaunch) -> None:
+    raise ValueError("bad input")
+
+
+FAIL = ac.Kernel("test_release_fail", host=_fail_host)
+
+
+async def _failing_request(client: ac.ComputeClient, how: str) -> None:
+    """A helper coroutine whose awaited request fails, its handles in its frame."""
+    a = client.create(np.arange(N, dtype=np.float32))
+    out = client.empty(4 * N)
+    if how == "kernel":  # the errors guide's failing kernel, then a read of its output
+        client.execute(FAIL, ac.CubeCount(1), ac.Bindings().with_buffers([a, out]))
+        await client.read([out])
+    else:  # a read past the buffer's end
+        client.execute(ADD, blocks(N), add_bindings(a, a, out, N))
+        await client.read_tensor([out.copy_descriptor((2 * N,), (1,), 4)])
+
+
+@pytest.mark.parametrize("how", ["kernel", "read"])
+async def test_a_failed_request_in_a_helper_keeps_no_memory_without_the_gc(
+    client: ac.ComputeClient, how: str
+) -> None:
+    """Issue 37, point 9: the error raised in a helper coroutine, caught by its caller
+    (a handler in a task of its own); with the garbage collector off, a sync is enough
+    for the helper's buffers to come back (the traceback holds the helper's frame: no
+    frame of asynccube's that the error reaches may hold the error back)."""
+    if how == "kernel" and client.device != "host":
+        pytest.skip("a host kernel that fails")
+
+    async def handler() -> str:
+        try:
+            await _failing_request(client, how)
+        except ac.AsyncCubeError as error:
+            return type(error).__name__
+        return "no error"
+
+    await client.sync()
+    before = await client.memory_usage()
+    gc.disable()
+    try:
+        for _ in range(3):
+            assert await in_task(handler) in ("ExecutionError", "InvalidArgument")
+        await client.sync()
+        after = await client.memory_usage()
+    finally:
+        gc.enable()
+    assert (after.number_allocs, after.bytes_in_use) == (before.number_allocs, before.bytes_in_use)

@@ -187,3 +187,34 @@ async def test_negative_strides_unsupported(host_client: ac.ComputeClient) -> No
     with pytest.raises(ac.UnsupportedStrides):
         await host_client.read_tensor([h.copy_descriptor((4,), (-1,), 4)])
     await _still_serves(host_client)
+
+
+async def test_public_errors_are_named_and_pickled_as_asynccube_x() -> None:
+    """Issue 37, point 18: tracebacks say ``asynccube.LoopMismatchError``, not the
+    private module; every public error still pickles (those with other arguments too)."""
+    import pickle
+    import traceback
+
+    from asynccube._core import errors
+
+    public = [getattr(ac, name) for name in errors.__all__ if hasattr(ac, name)]
+    assert len(public) >= 30
+    for cls in public:
+        assert cls.__module__ == "asynccube", cls
+        made = {
+            ac.BufferTooBig: lambda: ac.BufferTooBig(16, "too big"),
+            ac.OutOfMemory: lambda: ac.OutOfMemory(16, 32, "pool 0"),
+            ac.MemoryLayoutError: lambda: ac.MemoryLayoutError("bad", pool=2),
+            ac.MemoryInUse: lambda: ac.MemoryInUse(3),
+            ac.CompilationError: lambda: ac.CompilationError("failed", "log"),
+            ac.AutotuneCheckError: lambda: ac.AutotuneCheckError("report"),
+        }.get(cls, lambda c=cls: c("what went wrong"))()  # type: ignore[misc]
+        made.add_note("a note")
+        back = pickle.loads(pickle.dumps(made))
+        assert type(back) is cls and str(back) == str(made) and back.__notes__ == ["a note"]
+        assert back.__dict__ == made.__dict__
+    try:
+        raise ac.LoopMismatchError("elsewhere")
+    except ac.LoopMismatchError as exc:
+        text = "".join(traceback.format_exception(exc))
+    assert "asynccube.LoopMismatchError: elsewhere" in text and "_core" not in text.split("\n")[-2]

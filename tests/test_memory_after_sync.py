@@ -11,7 +11,7 @@ import pytest
 import asynccube as ac
 
 from .conftest import native_module
-from .sync_storm import storm_then_usage
+from .sync_storm import cancelled_reads_then_usage, storm_then_usage
 from .test_fast_launch import _run
 
 
@@ -35,3 +35,21 @@ def test_the_cuda_one_call_sync_frees_what_cancelled_tasks_held(twin: bool) -> N
     out = _run("sync_memory_scenario.py", twin)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"ok cancelled_before_sync {'python' if twin else 'native'}" in out.stdout
+
+
+@pytest.mark.anyio
+@pytest.mark.allow_loop_lag  # 3,000 buffers taken back in one memory_usage step
+async def test_a_sync_frees_what_tasks_cancelled_inside_a_read_held(
+    client: ac.ComputeClient,
+) -> None:
+    """Issue 37, point 10: tasks cancelled while they await a read (not while they
+    sleep): once they have ended, one ``await client.sync()`` is enough for
+    ``memory_usage()`` to count every buffer of theirs as free."""
+    await client.sync()
+    before = await client.memory_usage()
+    cancelled, after = await cancelled_reads_then_usage(client)
+    assert cancelled > 200
+    assert (after.number_allocs, after.bytes_in_use) == (
+        before.number_allocs,
+        before.bytes_in_use,
+    ), f"{cancelled} tasks cancelled; before {before}, after {after}"

@@ -181,6 +181,7 @@ def test_a_call_from_another_thread_raises_and_the_client_serves() -> None:
     trio.run(main)
     assert len(errors) == 1 and isinstance(errors[0], ac.LoopMismatchError)
     assert "trio" in str(errors[0]) and "trio_token" in str(errors[0])
+    assert "make the handler `async def`" in str(errors[0])  # issue 37, point 18
 
 
 def _read_from_thread(client: ac.ComputeClient) -> list[bytes]:
@@ -382,3 +383,81 @@ def test_polled_completions_resolve_under_trio(when: str) -> None:
     seen, handed = trio.run(main)
     assert seen == ["done"]
     assert handed == (1 if when == "long" else 0)
+
+
+def test_close_from_another_run_or_loop_is_refused_and_leaves_the_client_open() -> None:
+    """Issue 37, point 5: close() from asyncio or another trio run raises
+    LoopMismatchError before any change; the client keeps serving its own run."""
+
+    async def close_in_trio(client: ac.ComputeClient) -> None:
+        await client.close()
+
+    def close_elsewhere(client: ac.ComputeClient) -> list[BaseException]:
+        errors: list[BaseException] = []
+        for run in (lambda: asyncio.run(client.close()), lambda: trio.run(close_in_trio, client)):
+            try:
+                run()
+            except BaseException as exc:
+                errors.append(exc)
+        return errors
+
+    async def main() -> None:
+        async with ac.open_client("host") as client:
+            errors = await trio.to_thread.run_sync(close_elsewhere, client)
+            assert [type(e) for e in errors] == [ac.LoopMismatchError] * 2
+            assert not client.closed
+            assert await client.read([client.create(b"open")]) == [b"open"]
+
+    trio.run(main)
+
+
+def test_a_close_while_the_run_ends_raises_nothing() -> None:
+    """Issue 37, point 7 under trio: the run's end cancels the actor and a service's
+    system task together; the service's (shielded) close must neither raise (a wakeup
+    future cancelled with the actor) nor wait forever."""
+    outcome: list[object] = []
+
+    async def service(client: ac.ComputeClient, order: int) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    with trio.fail_after(10):
+                        await client.close()
+                    outcome.append(order)
+                except BaseException as exc:
+                    outcome.append(exc)
+
+    async def main() -> None:
+        for order in range(4):  # the order the run's end cancels system tasks in varies
+            client = await ac.connect("host")
+            trio.lowlevel.spawn_system_task(service, client, order)
+        await trio.lowlevel.checkpoint()
+
+    trio.run(main)
+    assert sorted(outcome, key=str) == [0, 1, 2, 3]
+
+
+def test_a_dropped_client_warns_where_it_was_opened() -> None:
+    """Issue 37, point 17 under trio: one ResourceWarning naming the line that opened it."""
+
+    async def main() -> tuple[list[warnings.WarningMessage], int]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            client = await ac.connect("host")
+            line = _line() - 1
+            client = await ac.connect("host")  # run again: the first one is dropped
+            gc.collect()
+            await client.close()
+        return caught, line
+
+    caught, line = trio.run(main)
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert len(unclosed) == 1 and f"opened at {__file__}:{line}" in unclosed[0], unclosed
+
+
+def _line() -> int:
+    import inspect
+
+    return inspect.currentframe().f_back.f_lineno  # type: ignore[union-attr]

@@ -48,6 +48,13 @@ __all__ = [
 class AsyncCubeError(Exception):
     """Base class of every error raised by asynccube."""
 
+    def __reduce__(self) -> str | tuple[object, ...]:
+        # Errors whose __init__ takes other arguments than the message pickle those.
+        init = self.__dict__.get("_init_args")
+        if init is None:
+            return super().__reduce__()
+        return (type(self), init, self.__dict__)
+
 
 class IoError(AsyncCubeError):
     """An error from ``create``/``read``/``write`` (cubecl's ``IoError``)."""
@@ -61,6 +68,7 @@ class BufferTooBig(IoError):
     """
 
     def __init__(self, size: int, detail: str = "") -> None:
+        self._init_args = (size, detail)
         self.size = size
         msg = f"cannot allocate a buffer of {size} bytes"
         super().__init__(f"{msg}: {detail}" if detail else msg)
@@ -99,6 +107,7 @@ class OutOfMemory(IoError):
     """
 
     def __init__(self, size: int, reserved: int, detail: str = "") -> None:
+        self._init_args = (size, reserved, detail)
         self.size = size
         self.reserved = reserved
         msg = (
@@ -122,6 +131,7 @@ class MemoryLayoutError(InvalidArgument):
     """
 
     def __init__(self, message: str, pool: int | None = None) -> None:
+        self._init_args = (message, pool)
         self.pool = pool
         super().__init__(message if pool is None else f"pool {pool}: {message}")
 
@@ -134,6 +144,7 @@ class MemoryInUse(AsyncCubeError):
     """
 
     def __init__(self, live: int) -> None:
+        self._init_args = (live,)
         self.live = live
         super().__init__(
             f"cannot replace the memory layout: {live} buffer(s) of the current layout "
@@ -162,6 +173,7 @@ class CompilationError(AsyncCubeError):
     """A kernel failed to compile; ``log`` holds the compiler's log."""
 
     def __init__(self, message: str, log: str = "") -> None:
+        self._init_args = (message, log)
         self.log = log
         super().__init__(f"{message}\n{log}" if log else message)
 
@@ -236,6 +248,7 @@ class AutotuneCheckError(AutotuneError):
     """
 
     def __init__(self, report: object) -> None:
+        self._init_args = (report,)
         self.report = report
         super().__init__(str(report))
 
@@ -302,3 +315,15 @@ class CollectiveError(AsyncCubeError):
     message names NCCL's error string); ``__cause__`` carries the original error. Each
     client's stream holds its own copy, so every client's next awaited call there sees
     it; every client keeps serving."""
+
+
+def _report_as_public() -> None:
+    """Name each public error by where users import it (``asynccube.X``), not this
+    private module: tracebacks and reprs say ``asynccube.LoopMismatchError``, and pickle
+    finds the class there. (CudaDriverError is not exported: it keeps its own module.)"""
+    for name in __all__:
+        if name != "CudaDriverError":
+            globals()[name].__module__ = "asynccube"
+
+
+_report_as_public()

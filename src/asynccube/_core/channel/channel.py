@@ -34,7 +34,7 @@ from ..errors import (
 )
 from ..server.protocol import ComputeServer
 from .awaitable import ClientFuture
-from .backend import backend_of
+from .backend import backend_of, current_library
 from .closing import State, begin_close, die
 from .closing import awaited as _awaited
 from .completion import CompletionWatcher
@@ -57,6 +57,7 @@ class Channel(Settling):
         "_batch_end_scheduled",
         "_blocked",
         "_cancelled",
+        "_close_fut",
         "_death",
         "_exclusive",
         "_guards",
@@ -105,6 +106,8 @@ class Channel(Settling):
         self._clears_at_call = not hasattr(server, "taint")
         self._taint_in_order = getattr(server, "taint", None)
         self._death: BaseException | None = None
+        self._close_fut: asyncio.Future[Any] | None = None
+        """The close's future, once ``begin_close`` made it (see :mod:`.closing`)."""
         self._stop = False
         self._batch_end_scheduled = False
         self._yielding = False
@@ -126,6 +129,9 @@ class Channel(Settling):
         """The turns of exclusive blocks (made by the first ``client.exclusive()``)."""
         self._activate: Callable[[], None] | None = getattr(server, "activate", None)
         self._actor = loop.create_task(self._run(), name="asynccube-actor")
+        # An actor cancelled before it ever ran (a loop torn down at once) runs no
+        # ``except``: its end is seen here, so nothing waits for it forever.
+        self._actor.add_done_callback(self._actor_ended)
 
     # -- client side ------------------------------------------------------------------
 
@@ -134,13 +140,31 @@ class Channel(Settling):
         if self.state is not State.OPEN:
             raise self._unusable()
         if asyncio._get_running_loop() is not self.loop and not self.backend.on_loop():
-            raise LoopMismatchError(
-                f"this client runs on another event loop or thread (it was opened under "
-                f"{self.backend.name}); call it from its own loop, or "
-                f"{self.backend.thread_hint}"
-            )
+            raise self._mismatch()
         if self.guard is not None:
             self.guard(sys._getframe(1).f_code.co_name)
+
+    def check_loop(self) -> None:
+        """Raise LoopMismatchError unless called from the channel's own loop (whatever
+        its state: ``close()`` asks this before it changes anything)."""
+        if asyncio._get_running_loop() is not self.loop and not self.backend.on_loop():
+            raise self._mismatch()
+
+    def _mismatch(self) -> LoopMismatchError:
+        if asyncio._get_running_loop() is None and current_library() is None:
+            # A thread with no event loop: most often a sync handler that a web
+            # framework runs in its thread pool.
+            return LoopMismatchError(
+                f"this client belongs to an event loop ({self.backend.name}) and was "
+                "called from another thread, which runs none (a sync endpoint of a web "
+                "framework runs in a thread pool, for one): make the handler "
+                f"`async def` so it runs on the client's loop, or {self.backend.thread_hint}"
+            )
+        return LoopMismatchError(
+            f"this client runs on another event loop or thread (it was opened under "
+            f"{self.backend.name}); call it from its own loop, or "
+            f"{self.backend.thread_hint}"
+        )
 
     def in_actor(self) -> bool:
         """True while the actor runs the queue (a caller running a command inline sees
@@ -256,7 +280,8 @@ class Channel(Settling):
         wakeup = self._wakeup
         if wakeup is not None:
             self._wakeup = None
-            wakeup.set_result(None)
+            if not wakeup.done():  # cancelled with the actor (a loop's teardown)
+                wakeup.set_result(None)
 
     def _run_inline(self, op: Op, args: tuple[Any, ...]) -> None:
         start = time.perf_counter()
@@ -319,6 +344,10 @@ class Channel(Settling):
             if isinstance(exc, self._cancelled):
                 raise
 
+    def _actor_ended(self, actor: asyncio.Future[None]) -> None:
+        if actor.cancelled() and self.state is not State.DEAD:  # before it ever ran
+            self._die(asyncio.CancelledError())
+
     async def _drain(self) -> None:
         queue = self._queue
         clock = time.perf_counter
@@ -354,6 +383,15 @@ class Channel(Settling):
 
     def _die(self, exc: BaseException) -> None:
         die(self, exc)
+
+    @property
+    def actor(self) -> asyncio.Future[None]:
+        """The actor task (asyncio's, or the trio adapter's)."""
+        return self._actor
+
+    def actor_done(self) -> bool:
+        """True once the actor task has ended."""
+        return self._actor.done()
 
     async def wait_actor(self) -> None:
         """Wait for the actor task to end (after close or death)."""

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from ..errors import AsyncCubeError
 from ..server.protocol import Completion
 from .completion import CompletionWatcher
-from .held import HeldErrors, combine
+from .held import HeldErrors, combine, detach_frames
 from .settle import Op
 
 __all__ = ["Ending", "State", "awaited", "begin_close", "die"]
@@ -47,6 +47,8 @@ class Ending(Protocol):
     watcher: CompletionWatcher
     _stop: bool
     _death: BaseException | None
+    _cancelled: tuple[type[BaseException], ...]
+    _close_fut: asyncio.Future[Any] | None
     _queue: deque[tuple[Op, tuple[Any, ...]]]
     _wakeup: asyncio.Future[None] | None
     _pending: set[asyncio.Future[Any]]
@@ -68,6 +70,7 @@ def begin_close(channel: Ending) -> asyncio.Future[Any]:
     channel.state = State.CLOSING
     fut: asyncio.Future[Any] = channel.loop.create_future()  # the client's own: plain
     channel._pending.add(fut)
+    channel._close_fut = fut
     channel.send(_close, channel, fut)
     return fut
 
@@ -85,8 +88,15 @@ def _close(channel: Ending, fut: asyncio.Future[Any]) -> None:
 def _closed(channel: Ending, fut: asyncio.Future[Any], error: BaseException | None) -> None:
     channel.state = State.CLOSED
     channel.watcher.shutdown()
+    _finish_close(channel, fut, error)
+
+
+def _finish_close(channel: Ending, fut: asyncio.Future[Any], error: BaseException | None) -> None:
+    """Settle the close's future: with every error nobody awaited (``error``, the
+    server's close's, first), or None."""
     leftovers = _unretrieved(channel) + channel._held.drain()
     if error is not None:
+        detach_frames(error)  # the server's close's own: its frames would keep the server
         leftovers.insert(0, error)
     channel._pending.discard(fut)
     if fut.done():  # the close was cancelled: report them to the loop, not lose them
@@ -129,13 +139,18 @@ def die(channel: Ending, exc: BaseException) -> None:
     wakeup, channel._wakeup = channel._wakeup, None
     if wakeup is not None and not wakeup.done():
         wakeup.set_result(None)  # the sleeping actor sees _stop and ends
+    # Cancelled while closing (the loop's teardown, a second Ctrl-C): the close asked
+    # for is done by the death (the server is closed below), so it does not fail.
+    closing = channel._close_fut if isinstance(exc, channel._cancelled) else None
     error = channel._unusable()
     for fut in list(channel._pending):
-        if not fut.done():
+        if not fut.done() and fut is not closing:
             fut.set_exception(error)
     channel._pending.clear()
     channel.watcher.shutdown()
     _shutdown_server(channel)
+    if closing is not None:
+        _finish_close(channel, closing, None)
 
 
 def _shutdown_server(channel: Ending) -> None:

@@ -49,17 +49,6 @@ def _sleep0() -> Awaitable[None]:
     return asyncio.sleep(0)
 
 
-def others_ready(loop: asyncio.AbstractEventLoop, own: object) -> bool:
-    """True unless ``loop`` is asyncio's own and has nothing ready to run but callbacks
-    of ``own`` (the channel): then no task has a wake-up queued (a cancelled task's,
-    whose frames would drop their handles when it unwinds), and a sync found done may
-    settle at once. Any other loop (uvloop, trio's adapter): True."""
-    if not isinstance(loop, asyncio.BaseEventLoop):
-        return True
-    ready = loop._ready  # type: ignore[attr-defined]
-    return any(getattr(handle._callback, "__self__", None) is not own for handle in ready)
-
-
 def one_step_later(
     make: Callable[[], asyncio.Future[T]], fut: asyncio.Future[T]
 ) -> asyncio.Future[T]:

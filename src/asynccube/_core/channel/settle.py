@@ -221,6 +221,8 @@ class Settling:
         """Settle ``fut``: with the errors held for ``stream`` up to ``mark`` (they
         happened before it, in stream order), its own error attached; else with its own
         error; else with ``value``."""
+        if error is not None:  # its traceback holds the frame that caught it, whose
+            detach_frames(error)  # locals (``fut``) hold it in turn: a cycle to break
         held = self._held.take(stream, mark) if self._held else None
         if held is not None:
             if error is not None and error is not held:

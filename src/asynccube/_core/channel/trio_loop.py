@@ -58,7 +58,10 @@ class TrioFuture(asyncio.Future[T]):
             return self.result()
         error = self.exception()
         del self  # the traceback keeps this frame: not the future, which keeps the error
-        raise error  # type: ignore[misc]
+        try:
+            raise error  # type: ignore[misc]
+        finally:
+            del error  # nor the error itself: a frame holding its own error is a cycle
 
     __iter__ = __await__
 

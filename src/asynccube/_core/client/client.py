@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..channel.channel import BATCH_SECONDS, Channel, State
-from ..channel.completion import one_step_later, others_ready
+from ..channel.completion import one_step_later
 from ..config.config import AsyncCubeConfig
 from ..errors import InvalidArgument
 from ..profiling.records import ProfileSummary
@@ -280,8 +280,8 @@ class ComputeClient(ClientCoordination, ClientSurface):
             self._graph_registry.drain()
         channel = self._channel
         fut = channel.request(channel.await_completion, StreamId.current(), self._server.sync)
-        if fut.done() and others_ready(channel.loop, channel):
-            return one_step_later(channel.new_future, fut)  # settled inline: suspend once
+        if fut.done():  # settled inline: suspend once (see FastSync's settle_none)
+            return one_step_later(channel.new_future, fut)
         return fut
 
     def get_resource(self, binding: Binding | Handle) -> asyncio.Future[BindingResource[Any]]:
@@ -445,4 +445,6 @@ class ComputeClient(ClientCoordination, ClientSurface):
         await close_within(self.close(), exc)
 
     def __del__(self) -> None:
-        warn_unclosed(self, getattr(self, "_channel", None))
+        lifecycle = getattr(self, "_lifecycle", None)
+        if lifecycle is not None:
+            warn_unclosed(self, self._channel, lifecycle.opened_at)

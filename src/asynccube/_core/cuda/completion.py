@@ -293,11 +293,15 @@ class CudaCompletion(Generic[T]):
         if not self.done():
             raise RuntimeError("CudaCompletion.result() called before done()")
         try:
-            if self._error is not None:
-                raise self._error
-            return self._finalize() if self._finalize is not None else None  # type: ignore[return-value]
+            error = self._error
+            if error is None:
+                return self._finalize() if self._finalize is not None else None  # type: ignore[return-value]
         finally:
             self.release()
+        try:
+            raise error
+        finally:  # the traceback keeps this frame: not the completion (which keeps the
+            del error, self  # error), nor the error itself (a cycle until a collection)
 
     def release(self) -> None:
         """Give the events back and close the descriptor (idempotent, owner thread)."""

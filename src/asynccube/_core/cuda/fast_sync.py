@@ -24,7 +24,6 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Final
 
-from ..channel.completion import others_ready
 from . import driver
 from .native.hotpath import hot
 
@@ -42,10 +41,12 @@ _get_running_loop = asyncio._get_running_loop
 
 def settle_none(fut: asyncio.Future[None]) -> None:
     """Resolve a sync's future (unless its caller cancelled it) one loop step after
-    the sync was found done, not at once: the tasks cancelled before the sync (their
-    wake-ups are queued ahead of this) unwind first, so the handles their frames held
-    are dropped, and the next ``memory_usage()`` counts them as free (the sync marked
-    every stream done, so their slices are released at once)."""
+    the sync was found done, never at once: the tasks cancelled before the sync (their
+    wake-ups are queued ahead of this) unwind first, and the loop lets go of the
+    callback that resumed the caller (the loop holds it for the rest of its step: a
+    ``gather`` of cancelled tasks, say, whose errors' tracebacks hold their frames), so
+    the handles those held are dropped, and the next ``memory_usage()`` counts them as
+    free (the sync marked every stream done, so their slices are released at once)."""
     if not fut.done():
         fut.set_result(None)
 
@@ -74,10 +75,7 @@ class FastSync:
             return None
         c = self._channel
         fut: asyncio.Future[None] = self._new_future()
-        if others_ready(c.loop, c):
-            c.loop.call_soon(settle_none, fut)  # one loop step: see settle_none
-        else:
-            fut.set_result(None)
+        c.loop.call_soon(settle_none, fut)  # one loop step: see settle_none
         c.ran_inline()
         self.hits += 1
         return fut
