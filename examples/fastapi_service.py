@@ -24,7 +24,8 @@ What Starlette (and so FastAPI) does not do by itself, this service does:
 * **One client per worker process**, opened by the lifespan before the first request
   (``--workers 2``: two processes, two clients) and closed when the worker stops: on
   SIGTERM, uvicorn runs the lifespan's end, which closes the client dropping the work
-  not yet issued to the device (``close(cancel_pending=True)``).
+  not yet issued to the device and waiting at most ``shutdown_after`` seconds (5) for
+  the rest (``close(cancel_pending=True, abandon_after=5.0)``).
 * **A typed dependency**: ``client: ClientDep`` gives a handler the ``ComputeClient``
   (``request.app.state`` is typed ``Any``).
 * **Bad input is refused** with a status and one line of JSON, ``{"error": "..."}``:
@@ -32,6 +33,7 @@ What Starlette (and so FastAPI) does not do by itself, this service does:
   multiple of 4, 413 for a body over the limit (told by its Content-Length before a byte
   is read, or counted as a chunked body arrives: Starlette has no body limit), 408 for
   a body that does not arrive within ``body_timeout`` seconds.
+* **A request whose work is dropped at shutdown** (``ClientClosedError``) gets a 503.
 * **A client that disconnects** has its request's GPU work cancelled: Starlette does not
   cancel a handler whose client left, so the handler awaits its work beside the ASGI
   ``http.disconnect`` message and cancels the work when that comes first. The awaited
@@ -103,10 +105,12 @@ async def y2x1(client: ac.ComputeClient, body: bytes) -> bytes:
 @dataclass(frozen=True)
 class Limits:
     """What the service accepts: the largest body in bytes, and how many seconds a
-    request's body may take to arrive."""
+    request's body may take to arrive; and how many seconds its shutdown waits for work
+    issued to the device before abandoning it."""
 
     max_bytes: int = 16 << 20
     body_timeout: float = 10.0
+    shutdown_after: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 < self.max_bytes < ELEMENT << 32:  # n must fit the kernel's uint32
@@ -234,7 +238,7 @@ class Service:
         finally:
             self.monitor.stop()
             self._client = None
-            await client.close()
+            await client.close(cancel_pending=True, abandon_after=self.limits.shutdown_after)
             log.info("worker %d: client closed", os.getpid())
 
     async def post_y(self, request: Request) -> Response:
@@ -250,6 +254,9 @@ class Service:
         except ClientGone:  # nobody reads the answer
             counts.cancelled += 1
             return Response(status_code=499)
+        except ac.ClientClosedError:  # shutting down: its work was dropped or abandoned
+            counts.refused[503] = counts.refused.get(503, 0) + 1
+            return Refused(503, "the service is shutting down; retry elsewhere").response()
         finally:
             counts.in_flight -= 1
         counts.served += 1

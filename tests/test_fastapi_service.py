@@ -280,6 +280,29 @@ async def test_a_client_that_disconnects_cancels_its_work_and_leaks_nothing(
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
+async def test_shutdown_abandons_work_that_does_not_finish_in_time(framework: str) -> None:
+    held = Held()
+    app = FRAMEWORKS[framework]("host", fs.Limits(shutdown_after=0.2), held)
+    body = np.full(1024, -1, np.float32).tobytes()
+    lifespan = app.router.lifespan_context(app)
+    await lifespan.__aenter__()
+    try:
+        running = Asgi([body], length=len(body))
+        call = asyncio.create_task(app(running.scope, running.receive, running.send))
+        await asyncio.wait_for(held.started.wait(), 10)
+        start = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="abandoned"):
+            await lifespan.__aexit__(None, None, None)  # SIGTERM: uvicorn ends the lifespan
+        took = time.monotonic() - start
+        await asyncio.wait_for(call, 10)
+    finally:
+        held.release.set()
+    assert running.status() == 503
+    assert took < 5  # not the 30 s the held kernel would take
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
 async def test_a_stalled_body_gets_408_in_time(framework: str) -> None:
     timeout = 0.3
     app = FRAMEWORKS[framework]("host", fs.Limits(body_timeout=timeout), fs.y2x1)
