@@ -201,3 +201,28 @@ async def test_watches_a_client_at_work(
         await anyio.sleep(0.03)
         report = monitor.snapshot()
     assert report.samples >= 1
+
+
+def test_a_monitor_never_stopped_unhooks_when_its_loop_ends() -> None:
+    monitor = ac.LoopMonitor()
+
+    async def main() -> None:
+        monitor.start()
+        await asyncio.sleep(0.02)
+
+    asyncio.run(main())
+    assert not monitor.running
+    assert events.Handle._run is lagprobe._original_run
+    assert not lagprobe._sinks
+
+
+def test_a_monitor_never_stopped_under_trio_ends_with_its_run() -> None:
+    trio = pytest.importorskip("trio")
+    monitor = ac.LoopMonitor()
+
+    async def main() -> None:
+        monitor.start()
+        await trio.sleep(0.02)
+
+    trio.run(main)
+    assert not monitor.running

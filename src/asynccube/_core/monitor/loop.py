@@ -324,13 +324,29 @@ class LoopMonitor:
     # -- the ticker -----------------------------------------------------------------------
 
     async def _tick_asyncio(self) -> None:
-        await self._tick(asyncio.sleep)
+        try:
+            await self._tick(asyncio.sleep)
+        finally:
+            if self._ticker is asyncio.current_task():  # the loop ends, never stopped
+                self._abandon()
 
     async def _tick_trio(self, scope: Any) -> None:
         import trio
 
-        with scope:
-            await self._tick(trio.sleep)
+        try:
+            with scope:
+                await self._tick(trio.sleep)
+        finally:
+            if self._ticker is scope:  # the run ends, never stopped
+                self._abandon()
+
+    def _abandon(self) -> None:
+        """The loop (or trio run) is ending while the monitor runs: unhook it, so that
+        nothing stays hooked to a finished loop."""
+        try:
+            self._unhook()
+        finally:
+            self._library, self._loop, self._ticker, self._instrument = None, None, None, None
 
     async def _tick(self, sleep: Callable[[float], Any]) -> None:
         interval = self.interval
