@@ -312,8 +312,9 @@ class LoopMonitor:
 
     def end(self, step: Any, mark: float) -> None:
         """A step has ended (the step hooks call this): keep it if it was slow."""
-        if time.perf_counter() - mark >= self.record_above:
-            self._slow(step, time.perf_counter() - mark)
+        seconds = time.perf_counter() - mark
+        if seconds >= self.record_above:
+            self._slow(step, seconds)
 
     def _slow(self, step: Any, seconds: float) -> None:
         slow = SlowStep(seconds, self._describe(step), time.time())
