@@ -25,6 +25,10 @@ the problem, and the service goes on serving the others:
 * 408: the body did not arrive within ``--body-timeout`` seconds (a client that sends
   half a body and stalls); the connection closes.
 
+On SIGTERM (or Ctrl-C) the client is closed with ``close(cancel_pending=True,
+abandon_after=5.0)``: work not yet issued to the device is dropped, the rest is waited
+for at most 5 s.
+
 A client that disconnects while its request runs has its handler cancelled
 (``handler_cancellation=True``): the awaited ``client.read`` is cancelled, and the
 request's buffers return to the pool once the device is done with them (asynccube's
@@ -86,10 +90,12 @@ async def y2x1(client: ac.ComputeClient, body: bytes) -> bytes:
 @dataclass(frozen=True)
 class Limits:
     """What the service accepts: the largest body in bytes, and how many seconds a
-    request's body may take to arrive."""
+    request's body may take to arrive; and how many seconds its shutdown waits for work
+    issued to the device before abandoning it."""
 
     max_bytes: int = 16 << 20
     body_timeout: float = 10.0
+    shutdown_after: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 < self.max_bytes < ELEMENT << 32:  # n must fit the kernel's uint32
@@ -176,12 +182,16 @@ class Service:
 
     async def client_context(self, app: web.Application) -> AsyncIterator[None]:
         """Opens the client (and compiles the kernel) before the first request; closes
-        it when the app stops."""
-        async with ac.open_client(self.device) as client:
+        it when the app stops (Ctrl-C, SIGTERM), dropping the work not yet issued to the
+        device and waiting at most ``shutdown_after`` seconds for the rest."""
+        client = await ac.connect(self.device)
+        try:
             await self.compute(client, bytes(ELEMENT))
             self._client = client
             yield
+        finally:
             self._client = None
+            await client.close(cancel_pending=True, abandon_after=self.limits.shutdown_after)
 
     async def post_y(self, request: web.Request) -> web.Response:
         """``POST /y``: float32 values in, the computed values out."""

@@ -26,6 +26,7 @@ LAYERS: list[list[str]] = [
     ["values"],  # stream ids, handles, bindings, kernels, slice tokens
     ["config"],  # file, schema, environment, logging settings
     ["profiling"],  # tokens and records, timelines, their HTML
+    ["monitor"],  # the loop monitor (lag percentiles, slow steps)
     ["memory"],  # storages, pools, the memory manager, the handle table
     ["stream"],  # multi-stream events and cursors, stream pool, scheduler
     ["server"],  # the ComputeServer protocol and what both servers share

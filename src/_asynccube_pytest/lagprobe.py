@@ -21,6 +21,12 @@ lateness is not used: there, a 1 ms timer can fire tens of milliseconds late.
 
 Under trio, :class:`TrioLagProbe` measures the same way, with each task step (trio's
 ``before_task_step``/``after_task_step`` instrument hooks) as the callback.
+
+The step hooks and the culprit naming are shared with the production loop monitor
+(:class:`asynccube.LoopMonitor`): :func:`attach_steps` and :class:`TrioSteps` time the
+steps of a loop for any :class:`StepSink`, :func:`describe_handle` and
+:func:`describe_trio_task` name the code behind a step. They live here, in the standard
+library only, so that the pytest plugin's light half imports nothing of asynccube's.
 """
 
 from __future__ import annotations
@@ -34,9 +40,19 @@ import time
 from asyncio import events
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["LoopLagProbe", "TrioLagProbe", "max_lag_seconds"]
+__all__ = [
+    "LoopLagProbe",
+    "StepSink",
+    "TrioLagProbe",
+    "TrioSteps",
+    "attach_steps",
+    "describe_handle",
+    "describe_trio_task",
+    "detach_steps",
+    "max_lag_seconds",
+]
 
 
 def max_lag_seconds(default: float = 0.005) -> float:
@@ -157,42 +173,6 @@ def _patched_blocking_calls() -> Iterator[None]:
             setattr(owner, name, fn)
 
 
-class LoopLagProbe:
-    """Records the callback with the longest own time on the current loop."""
-
-    _active: LoopLagProbe | None = None
-
-    def __init__(self) -> None:
-        self.worst = 0.0
-        self.culprit = ""
-        self.callbacks = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._patches: Any = None
-        self.fd: int | None = None
-
-    def start(self) -> None:
-        """Start timing the running loop's callbacks (call it on the loop thread)."""
-        self._loop = asyncio.get_running_loop()
-        self.fd, self._patches = _begin_timing()
-        LoopLagProbe._active = self
-        events.Handle._run = _timed_run  # type: ignore[method-assign]
-
-    async def stop(self) -> float:
-        """Stop timing; return the longest own time of a callback, in seconds."""
-        await asyncio.sleep(0)
-        events.Handle._run = _original_run  # type: ignore[method-assign,assignment]
-        LoopLagProbe._active = None
-        _end_timing(self.fd, self._patches)
-        self.fd = None
-        return self.worst
-
-    def _record(self, handle: events.Handle, seconds: float) -> None:
-        self.callbacks += 1
-        if seconds > self.worst and getattr(handle, "_loop", None) is self._loop:
-            self.worst = seconds
-            self.culprit = _describe(handle)
-
-
 _Mark = tuple[float, float, float, "float | None", float, float]
 
 
@@ -221,64 +201,184 @@ def _own_since(mark: _Mark, fd: int | None) -> float:
     return own
 
 
+class StepSink(Protocol):
+    """What times the steps of a loop: ``begin`` before a step, ``end`` after it with what
+    ``begin`` returned and the step (an asyncio ``Handle``, or a trio ``Task``)."""
+
+    def begin(self) -> Any:
+        """A step starts: return the mark ``end`` will be given."""
+
+    def end(self, step: Any, mark: Any) -> None:
+        """The step has ended (or raised)."""
+
+
+_sinks: dict[asyncio.AbstractEventLoop, tuple[StepSink, ...]] = {}
+
+
+def attach_steps(loop: asyncio.AbstractEventLoop, sink: StepSink) -> None:
+    """Time every callback ``loop`` runs (task steps, ``call_soon`` callbacks, timers) for
+    ``sink``. The first sink of any loop wraps ``asyncio.events.Handle._run``; the last one
+    gone (:func:`detach_steps`) puts it back, so nothing is timed while none is attached."""
+    _sinks[loop] = (*_sinks.get(loop, ()), sink)
+    events.Handle._run = _timed_run  # type: ignore[method-assign]
+
+
+def detach_steps(loop: asyncio.AbstractEventLoop, sink: StepSink) -> None:
+    """Stop timing ``loop``'s callbacks for ``sink`` (see :func:`attach_steps`)."""
+    left = tuple(s for s in _sinks.get(loop, ()) if s is not sink)
+    if left:
+        _sinks[loop] = left
+    else:
+        _sinks.pop(loop, None)
+    if not _sinks:
+        events.Handle._run = _original_run  # type: ignore[method-assign,assignment]
+
+
 def _timed_run(self: events.Handle) -> None:
-    probe = LoopLagProbe._active
-    fd = probe.fd if probe is not None else None
-    mark = _mark(fd)
-    try:
+    sinks = _sinks.get(self._loop)  # type: ignore[attr-defined]
+    if sinks is None:
         _original_run(self)
-    finally:
-        own = _own_since(mark, fd)
-        if probe is not None and LoopLagProbe._active is probe:
-            probe._record(self, own)
+    elif len(sinks) == 1:  # the usual case, kept short: this runs for every step
+        sink = sinks[0]
+        mark = sink.begin()
+        try:
+            _original_run(self)
+        finally:
+            sink.end(self, mark)
+    else:
+        marks = [sink.begin() for sink in sinks]
+        try:
+            _original_run(self)
+        finally:
+            for sink, mark in zip(reversed(sinks), reversed(marks), strict=True):
+                sink.end(self, mark)
 
 
-class TrioLagProbe:
-    """Records the trio task step with the longest own time in the current run."""
+class TrioSteps:
+    """A trio instrument timing every task step of the run for ``sink`` (add it with
+    ``trio.lowlevel.add_instrument``; trio finds the hooks by name)."""
+
+    def __init__(self, sink: StepSink) -> None:
+        self.sink = sink
+        self._marks: dict[Any, Any] = {}
+
+    def before_task_step(self, task: Any) -> None:
+        """trio's hook: a step of ``task`` starts."""
+        self._marks[task] = self.sink.begin()
+
+    def after_task_step(self, task: Any) -> None:
+        """trio's hook: the step of ``task`` has ended."""
+        try:
+            mark = self._marks.pop(task)
+        except KeyError:
+            return
+        self.sink.end(task, mark)
+
+
+class _OwnTime:
+    """What the probes share: the worst own time of a step and the code behind it. One
+    probe times at a time: one started inside another (a test probing its own code
+    under the plugin's probe) takes over, and the outer one records nothing more."""
+
+    active: _OwnTime | None = None
 
     def __init__(self) -> None:
         self.worst = 0.0
         self.culprit = ""
         self.callbacks = 0
         self.fd: int | None = None
-        self._marks: dict[Any, _Mark] = {}
         self._patches: Any = None
+        self.timing = False
+
+    def begin(self) -> _Mark:
+        """A step starts: the clocks (see :func:`_mark`)."""
+        return _mark(self.fd)
+
+    def end(self, step: Any, mark: _Mark) -> None:
+        """A step has ended: keep it if it is the longest so far."""
+        if not self.timing or _OwnTime.active is not self:
+            return  # the step that stopped the probe, or another probe took over
+        own = _own_since(mark, self.fd)
+        self.callbacks += 1
+        if own > self.worst:
+            self.worst = own
+            self.culprit = self._describe(step)
+
+    def _describe(self, step: Any) -> str:
+        return describe_handle(step)
+
+
+class LoopLagProbe(_OwnTime):
+    """Records the callback with the longest own time on the current loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        """Start timing the running loop's callbacks (call it on the loop thread)."""
+        self._loop = asyncio.get_running_loop()
+        self.fd, self._patches = _begin_timing()
+        self.timing = True
+        _OwnTime.active = self
+        attach_steps(self._loop, self)
+
+    async def stop(self) -> float:
+        """Stop timing; return the longest own time of a callback, in seconds."""
+        await asyncio.sleep(0)
+        self.timing = False
+        _OwnTime.active = None
+        if self._loop is not None:
+            detach_steps(self._loop, self)
+        _end_timing(self.fd, self._patches)
+        self.fd = None
+        return self.worst
+
+
+class TrioLagProbe(_OwnTime):
+    """Records the trio task step with the longest own time in the current run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._instrument = TrioSteps(self)
 
     def start(self) -> None:
         """Start timing the run's task steps (call it from a trio task)."""
         import trio
 
         self.fd, self._patches = _begin_timing()
-        trio.lowlevel.add_instrument(self)  # type: ignore[arg-type]  # (hooks by name)
+        self.timing = True
+        _OwnTime.active = self
+        trio.lowlevel.add_instrument(self._instrument)  # type: ignore[arg-type]  # (by name)
 
     async def stop(self) -> float:
         """Stop timing; return the longest own time of a task step, in seconds."""
         import trio
 
         await trio.lowlevel.checkpoint()
-        trio.lowlevel.remove_instrument(self)  # type: ignore[arg-type]
+        self.timing = False
+        _OwnTime.active = None
+        trio.lowlevel.remove_instrument(self._instrument)  # type: ignore[arg-type]
         _end_timing(self.fd, self._patches)
         self.fd = None
         return self.worst
 
-    def before_task_step(self, task: Any) -> None:
-        """trio's hook: a step of ``task`` starts."""
-        self._marks[task] = _mark(self.fd)
-
-    def after_task_step(self, task: Any) -> None:
-        """trio's hook: the step of ``task`` has ended."""
-        mark = self._marks.pop(task, None)
-        if mark is None:
-            return
-        own = _own_since(mark, self.fd)
-        self.callbacks += 1
-        if own > self.worst:
-            self.worst = own
-            self.culprit = f"a step of trio task {task.name!r}"
+    def _describe(self, step: Any) -> str:
+        return describe_trio_task(step)
 
 
-def _describe(handle: Any) -> str:
-    """Name the code behind a callback: a task's coroutine where there is one."""
+def describe_trio_task(task: Any) -> str:
+    """Name the code behind a trio task step: the task, and its coroutine when the task's
+    name does not say it already."""
+    name = getattr(task, "name", task)
+    coro = getattr(getattr(task, "coro", None), "__qualname__", "")
+    if coro and not str(name).endswith(coro):
+        return f"a step of trio task {name!r} running {coro}"
+    return f"a step of trio task {name!r}"
+
+
+def describe_handle(handle: Any) -> str:
+    """Name the code behind an asyncio callback: a task's coroutine where there is one."""
     callback = getattr(handle, "_callback", None)
     owner = getattr(callback, "__self__", None)
     if isinstance(owner, asyncio.Task):

@@ -64,6 +64,7 @@ from ._core.kernels import (
     reduction,
 )
 from ._core.memory import MemoryReport, PoolReport, SizeClassPeak
+from ._core.monitor import LoopLagReport, LoopMonitor, SlowStep
 from ._core.profiling.records import KernelRecord, ProfileStats, ProfileSummary
 from ._core.profiling.timeline import Timeline
 from ._core.runtime.open import connect, open_client
@@ -173,7 +174,9 @@ __all__ = [
     "KernelLaunch",
     "KernelNotSupported",
     "KernelRecord",
+    "LoopLagReport",
     "LoopMismatchError",
+    "LoopMonitor",
     "MemoryAllocationMode",
     "MemoryInUse",
     "MemoryLayout",
@@ -195,6 +198,7 @@ __all__ = [
     "ScalarBinding",
     "ScalarTypeError",
     "SizeClassPeak",
+    "SlowStep",
     "StreamId",
     "Tensor",
     "TensorMapBinding",

@@ -3,8 +3,10 @@ death), as functions over the channel, which keeps thin methods for them.
 
 ``close`` refuses new commands and queues the server's close after what is queued;
 once the server has closed, the close's future raises every error nobody awaited
-(combined). A death (a command raised, the actor was cancelled) fails every pending
-awaitable at once, drops what is queued and closes the server."""
+(combined). ``close(cancel_pending=True)`` first drops the commands not yet issued to
+the server (:func:`drop_unissued`); a close past its ``abandon_after`` stops waiting
+for the server (:func:`abandon`). A death (a command raised, the actor was cancelled)
+fails every pending awaitable at once, drops what is queued and closes the server."""
 
 from __future__ import annotations
 
@@ -15,13 +17,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from ..errors import AsyncCubeError
+from ..errors import AsyncCubeError, ClientClosedError
 from ..server.protocol import Completion
 from .completion import CompletionWatcher
 from .held import HeldErrors, combine, detach_frames
 from .settle import Op
 
-__all__ = ["Ending", "State", "awaited", "begin_close", "die"]
+__all__ = ["Ending", "State", "abandon", "awaited", "begin_close", "die", "drop_unissued"]
 
 
 class State(enum.Enum):
@@ -169,3 +171,51 @@ def _error_of(completion: Completion[Any]) -> BaseException | None:
     except BaseException as exc:
         return exc
     return None
+
+
+def drop_unissued(channel: Ending) -> int:
+    """Drop the commands still queued, not yet issued to the server (a command under
+    way, awaiting a compile or a job, is left to finish); the awaitables they would have
+    settled raise :class:`~asynccube.ClientClosedError`. Returns how many were dropped."""
+    kept: list[tuple[Op, tuple[Any, ...]]] = []
+    dropped = 0
+    for op, args in channel._queue:
+        if op is awaited:
+            kept.append((op, args))
+            continue
+        dropped += 1
+        for arg in args:
+            if isinstance(arg, asyncio.Future) and arg in channel._pending and not arg.done():
+                channel._pending.discard(arg)
+                arg.set_exception(
+                    ClientClosedError("dropped at close(cancel_pending=True): never issued")
+                )
+    channel._queue.clear()
+    channel._queue.extend(kept)
+    return dropped
+
+
+def abandon(channel: Ending, closing: asyncio.Future[Any]) -> int:
+    """Stop waiting for the server's close (its ``abandon_after`` passed): every awaitable
+    still pending raises :class:`~asynccube.ClientClosedError`, and the client is
+    closed. The server's close goes on by itself and frees its memory once the work
+    already issued ends; if the close command has not run yet (a command under way
+    holds the queue), the server is closed now. Returns the awaitables failed."""
+    channel.state = State.CLOSED
+    failed = 0
+    for fut in list(channel._pending):
+        if fut is not closing and not fut.done():
+            error = ClientClosedError("abandoned at close: not done within abandon_after")
+            fut.set_exception(error)
+            failed += 1
+    channel._pending.clear()
+    if not channel._stop:  # the close command never ran: nothing would close the server
+        channel._stop = True
+        channel._queue.clear()
+        wakeup, channel._wakeup = channel._wakeup, None
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+        _shutdown_server(channel)
+    if not closing.done():
+        closing.set_result(None)  # the server's own end reports to the loop, if any
+    return failed

@@ -430,13 +430,32 @@ class ComputeClient(ClientCoordination, ClientSurface):
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    async def close(self) -> None:
+    async def close(
+        self, *, cancel_pending: bool = False, abandon_after: float | None = None
+    ) -> None:
         """Finish queued work, release the server, and refuse every later call.
 
         Raises the first fire-and-forget error nobody awaited (others attached as
         notes), after closing. Closing again is a no-op.
+
+        Args:
+            cancel_pending: drop the commands not yet issued to the server (queued
+                behind a compile, or past a loop iteration's batch budget); their
+                awaitables raise :class:`~asynccube.ClientClosedError`. Work issued
+                already (on a GPU's streams, on the host server's worker threads) is
+                finished.
+            abandon_after: wait at most this many seconds for the issued work
+                (``None``: as long as it takes). Past it, the work is abandoned with a
+                ``RuntimeWarning``: the awaitables still pending raise
+                ``ClientClosedError``, and the server frees its memory once the work
+                ends. For a service's shutdown: ``close(cancel_pending=True,
+                abandon_after=5)``.
+
+        Raises:
+            InvalidArgument: ``cancel_pending`` not a bool, or ``abandon_after`` not a
+                number of seconds >= 0.
         """
-        await self._lifecycle.close(lambda: release_graphs(self))
+        await self._lifecycle.close(lambda: release_graphs(self), cancel_pending, abandon_after)
 
     async def __aenter__(self) -> ComputeClient:
         return self

@@ -1,4 +1,5 @@
-"""The life cycle of a client: ``close`` (once; again is a no-op), ``async with``'s exit,
+"""The life cycle of a client: ``close`` (once; again is a no-op; ``cancel_pending`` drops
+what is not yet issued, ``abandon_after`` bounds the wait for what is), ``async with``'s exit,
 and the ResourceWarning of a client dropped while still open."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from types import FrameType
 from typing import Any
 
 from ..channel.channel import Channel, State
+from ..channel.closing import abandon, drop_unissued
+from ..errors import InvalidArgument
 from .jobs import JobThread
 
 __all__ = ["Lifecycle", "close_within", "warn_unclosed"]
@@ -33,17 +36,31 @@ class Lifecycle:
         if hasattr(channel.actor, "_log_destroy_pending"):
             channel.actor._log_destroy_pending = False
 
-    async def close(self, release: Callable[[], None]) -> None:
+    async def close(
+        self,
+        release: Callable[[], None],
+        cancel_pending: bool = False,
+        abandon_after: float | None = None,
+    ) -> None:
         """See :meth:`ComputeClient.close`; ``release`` runs first (the client's graphs)."""
+        check_close_args(cancel_pending, abandon_after)
         channel = self._channel
         if not self._ended():  # from another loop: refused before any change, so the
             channel.check_loop()  # owner's client stays usable (once ended: a no-op)
         if channel.state is State.OPEN:
             release()
+            if cancel_pending:
+                drop_unissued(channel)
             self._closing = channel.begin_close()
         try:
-            if self._closing is not None and not self._closing.done():
-                await channel.backend.shield(self._closing)
+            closing = self._closing
+            if closing is not None and not closing.done() and abandon_after is not None:
+                await channel.backend.wait(closing, within=abandon_after)
+                if not closing.done():
+                    _warn_abandoned(abandon(channel, closing), abandon_after)
+                    return  # the actor ends by itself once what holds it ends
+            if closing is not None and not closing.done():
+                await channel.backend.shield(closing)
             await channel.wait_actor()
         finally:
             self._jobs.close()
@@ -56,6 +73,32 @@ class Lifecycle:
             and (closing is None or closing.done())
             and self._channel.actor_done()
         )
+
+
+def check_close_args(cancel_pending: object, abandon_after: object) -> None:
+    """Refuse ``close``'s arguments at the call (InvalidArgument) unless valid."""
+    if not isinstance(cancel_pending, bool):
+        raise InvalidArgument(
+            f"close(cancel_pending=...) must be True or False, got {cancel_pending!r}"
+        )
+    if abandon_after is None:
+        return
+    number = isinstance(abandon_after, int | float) and not isinstance(abandon_after, bool)
+    if not number or not 0 <= abandon_after < float("inf"):  # type: ignore[operator]
+        raise InvalidArgument(
+            "close(abandon_after=...) must be a number of seconds >= 0 or None, got "
+            f"{abandon_after!r}"
+        )
+
+
+def _warn_abandoned(failed: int, seconds: float) -> None:
+    warnings.warn(
+        f"close(abandon_after={seconds:g}): the work already issued to the device did not "
+        f"finish within {seconds:g} s and was abandoned ({failed} awaitable(s) raise "
+        "ClientClosedError); the server frees its memory once that work ends",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 async def close_within(closing: Awaitable[None], exc: object) -> None:

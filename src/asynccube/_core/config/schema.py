@@ -265,6 +265,9 @@ class MemoryConfig:
         host_limit_bytes: The host server's largest single allocation, in bytes; a
             larger request raises ``BufferTooBig`` at the call. ``0`` (the default):
             the machine's physical memory.
+        high_water_bytes: A bound on the bytes the pools keep reserved (for services):
+            above it, empty pages are given back, largest first, as soon as buffers
+            are released or the next request comes. ``0`` (the default): no bound.
         logging: Level of ``asynccube.memory`` (disabled, basic, full).
     """
 
@@ -274,6 +277,7 @@ class MemoryConfig:
         default=PersistentMemory.ENABLED, metadata=_meta(_choice(tuple(PersistentMemory)))
     )
     host_limit_bytes: int = field(default=0, metadata=_meta(_int_range(0, 2**62)))
+    high_water_bytes: int = field(default=0, metadata=_meta(_int_range(0, 2**62)))
     logging: LogLevel = field(default=LogLevel.DISABLED, metadata=_meta(_levels(*_BASIC_FULL)))
 
 

@@ -195,6 +195,10 @@ class MemoryConfig:
         persistent: The persistent pool's options (``None``: uncapped, up to
             ``max_allocation``).
         layout: The public layout this config was built from (``None`` for a preset).
+        high_water: A bound on the bytes reserved, for services: once the manager
+            holds more, it releases empty pages (largest first) down to it as soon as
+            it next handles released buffers or a request, instead of keeping them for
+            later requests (``None``: no bound). Live data may still exceed it.
     """
 
     preset: str = "default"
@@ -204,6 +208,7 @@ class MemoryConfig:
     persistent_size_match: bool = False
     persistent: PersistentPages | None = None
     layout: MemoryLayout | None = None
+    high_water: int | None = None
 
     def __post_init__(self) -> None:
         if self.preset not in ("default", "exclusive_pages", "custom"):
@@ -214,6 +219,8 @@ class MemoryConfig:
             _check_positive("max_allocation", self.max_allocation, allow_zero=True)
         if self.cache_ratio is not None and not self.cache_ratio >= 0:
             raise ValueError(f"cache_ratio must be >= 0, got {self.cache_ratio}")
+        if self.high_water is not None:
+            _check_positive("high_water", self.high_water)
 
     @classmethod
     def default(

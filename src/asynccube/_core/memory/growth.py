@@ -27,10 +27,15 @@ class Growth:
     persistent_pool: PersistentPool
     before_grow: Callable[[], object] | None
     _cache_ratio: float | None
+    _high_water: int | None
     _limits: list[int]
     _routes: list[Pool]
 
     def _drain(self) -> None:
+        raise NotImplementedError
+
+    def _check_high_water(self) -> None:
+        """After a growth: note whether the bytes reserved passed ``high_water``."""
         raise NotImplementedError
 
     def cleanup(self, explicit: bool) -> None:
@@ -62,7 +67,7 @@ class Growth:
             if pool.reserved + pool.page_size_for(size) > cap:
                 return self._spill(pool, size)
         try:
-            return pool.alloc(self.storage, size)
+            sl = pool.alloc(self.storage, size)
         except StorageOutOfMemory as first:
             logger.info("storage out of memory for %d bytes; cleaning up and retrying", size)
             self.cleanup(explicit=True)
@@ -72,6 +77,9 @@ class Growth:
                 reserved = self.bytes_reserved
                 logger.warning("out of memory: %d bytes requested, %d reserved", size, reserved)
                 raise OutOfMemory(size, reserved, exc.detail or first.detail) from exc
+        if self._high_water is not None:
+            self._check_high_water()
+        return sl
 
     def _spill(self, full: Pool, size: int) -> Slice:
         """Serve ``size`` from the first pool after ``full`` (in routing order) that

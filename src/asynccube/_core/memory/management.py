@@ -57,6 +57,7 @@ Where the code is
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import operator
@@ -99,10 +100,10 @@ class MemoryManagement(Growth, Generic[R]):
     """
 
     __slots__ = (
-        "_alloc_calls", "_cache_ratio", "_cap", "_first_limit", "_first_pool", "_ids", "_limits",
-        "_next_check", "_pending", "_persistent_depth", "_routes", "_slices", "_tick",
-        "_use_persistent", "alignment", "before_grow", "closed", "config", "max_allocation",
-        "persistent_pool", "pools", "queue", "storage",
+        "_alloc_calls", "_cache_ratio", "_cap", "_first_limit", "_first_pool", "_high_water",
+        "_ids", "_limits", "_next_check", "_over_high_water", "_pending", "_persistent_depth",
+        "_routes", "_slices", "_tick", "_use_persistent", "alignment", "before_grow", "closed",
+        "config", "max_allocation", "persistent_pool", "pools", "queue", "storage",
     )  # fmt: skip
 
     def __init__(
@@ -145,6 +146,8 @@ class MemoryManagement(Growth, Generic[R]):
         self._first_limit, self._first_pool = self._limits[0], self._routes[0]
         self._use_persistent = bool(self._persistent_depth) or config.persistent_size_match
         self._cache_ratio = config.cache_ratio
+        self._high_water = config.high_water
+        self._over_high_water = False
         self._tick = tick_period(self.pools)
         self._next_check = self._alloc_calls + self._tick
 
@@ -167,6 +170,8 @@ class MemoryManagement(Growth, Generic[R]):
         if live:
             raise MemoryInUse(live)
         old = self.config
+        if config.high_water is None and old.high_water is not None:  # a setting, kept
+            config = dataclasses.replace(config, high_water=old.high_water)
         for pool in self._all_pools():
             pool.release_all(self.storage)
         try:
@@ -207,6 +212,8 @@ class MemoryManagement(Growth, Generic[R]):
                 sl = slices.get(pending.popleft())
                 if sl is not None and sl.used >= 0:
                     sl.pool.release(sl)
+            if self._over_high_water:
+                self._trim_high_water()
         if size.__class__ is not int:
             size = self._as_size(size)
         if not 0 <= size <= self._cap:
@@ -230,8 +237,35 @@ class MemoryManagement(Growth, Generic[R]):
             sl = slices.get(pending.popleft())
             if sl is not None and sl.used >= 0:
                 sl.pool.release(sl)
+        if self._over_high_water and not self.closed:  # (a fast route may have released)
+            self._trim_high_water()
 
     # -- the slow paths -----------------------------------------------------------------
+
+    def _check_high_water(self) -> None:
+        if self._high_water is not None and self.bytes_reserved > self._high_water:
+            self._over_high_water = True  # trimmed once buffers are released
+
+    def _trim_high_water(self) -> None:
+        """Release empty pages, largest first, until the bytes reserved are at most
+        ``high_water`` (or none is left); the flag stays up while live data exceeds it."""
+        high_water = self._high_water
+        if high_water is None:
+            self._over_high_water = False
+            return
+        reserved = self.bytes_reserved
+        if reserved > high_water:
+            empty = [
+                (page.handle.size, pool, page) for pool in self.pools for page in pool.empty_pages()
+            ]
+            empty.sort(key=lambda e: e[0], reverse=True)
+            for page_bytes, pool, page in empty:
+                pool.drop_empty_page(self.storage, page)
+                reserved -= page_bytes
+                if reserved <= high_water:
+                    break
+            logger.debug("memory above its high-water mark: %d bytes reserved now", reserved)
+        self._over_high_water = reserved > high_water
 
     def _as_size(self, size: object) -> int:
         if not isinstance(size, bool):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +30,16 @@ class Settings:
     def pool_layout(self, max_allocation: int | None = None) -> PoolLayout:
         """The pools of ``[[memory.pools]]``, else the preset (``max_allocation``: None
         for the storage's limit)."""
-        if self.config.memory.pools:
-            return PoolLayout.from_layout(MemoryLayout(self.config.memory.pools), max_allocation)
-        if self.config.memory.pool is PoolPreset.EXCLUSIVE:
-            return PoolLayout.exclusive_pages(max_allocation=max_allocation)
-        return PoolLayout.default(max_allocation=max_allocation)
+        memory = self.config.memory
+        if memory.pools:
+            layout = PoolLayout.from_layout(MemoryLayout(memory.pools), max_allocation)
+        elif memory.pool is PoolPreset.EXCLUSIVE:
+            layout = PoolLayout.exclusive_pages(max_allocation=max_allocation)
+        else:
+            layout = PoolLayout.default(max_allocation=max_allocation)
+        if memory.high_water_bytes:
+            layout = dataclasses.replace(layout, high_water=memory.high_water_bytes)
+        return layout
 
     def host_limit(self) -> int | None:
         """``[memory] host_limit_bytes``, or None for the machine's physical memory."""
