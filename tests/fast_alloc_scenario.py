@@ -195,6 +195,35 @@ async def alloc_errors() -> None:
         raise AssertionError("a closed client allocated")
 
 
+async def alloc_after_read() -> None:
+    """A completed read marks its stream done up to the read, as a sync does: a slice
+    last used there before it is free at once when dropped, taken by the next handle
+    without a sync, after a read through the route (the first of its size, a large one)
+    and through the one-call route; a slice used after the read is not."""
+    s = await Setup().ready()
+    c = s.client
+    slices = s.server._table._slices
+    for size, read_taken in ((SIZE, False), (SIZE, True), (128 << 10, False)):
+        h = c.empty(size)
+        token = slices[h.memory.id]
+        c.execute(ADD, s.count, bindings(h), U)
+        hits = s.stats[0]
+        (data,) = await c.read([h])
+        assert len(data) == size and (s.stats[0] == hits + 1) is read_taken, s.stats
+        del h
+        hits = s.stats[0]
+        h = c.empty(size)
+        assert s.stats[0] == hits + 1 and slices[h.memory.id] is token, (size, s.stats)
+        del h
+    h, g = c.empty(SIZE), c.empty(SIZE)
+    await c.read([h])
+    c.execute(ADD, s.count, bindings(g), U)  # after the read: not known done
+    del g
+    assert not taken(s, SIZE)[1]
+    await c.sync()
+    await c.close()
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
     for f in (
@@ -204,6 +233,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         alloc_other_task,
         alloc_create,
         alloc_errors,
+        alloc_after_read,
     )
 }
 

@@ -31,7 +31,7 @@ SCENARIOS = {
     "fast_exclusive_scenario.py": ("exclusive_held", "exclusive_own"),
     "fast_alloc_scenario.py": (
         "alloc_taken", "alloc_declined", "alloc_passed", "alloc_other_task", "alloc_create",
-        "alloc_errors",
+        "alloc_errors", "alloc_after_read",
     ),
 }  # fmt: skip
 

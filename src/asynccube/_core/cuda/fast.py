@@ -44,7 +44,10 @@ held for any stream (the route raises it) and a spare pinned buffer of that size
 is kept after the route's first read of the size). It queues the copy and polls the
 stream for up to 30 µs, as the completion watcher's first spin does: a short read's
 future is resolved before it is returned, so awaiting it does not suspend; a longer one
-is handed to the watcher (:func:`_read_later`). None: the route takes the read.
+is handed to the watcher (:func:`_read_later`). None: the route takes the read. Once a
+read is done (either way), the stream is marked done up to it, as a sync marks it (the
+copy was queued after all the stream's earlier work): what was last used there before
+it is free at once when dropped, so ``fast.empty`` can take it without a sync.
 
 ``fast.empty(size)`` (``_native_alloc.c``, twin ``_twin_alloc.py``) takes
 ``client.empty(size)`` (and ``create``'s allocation) on the same channel conditions when
@@ -130,8 +133,9 @@ def _read_later(
     fut: asyncio.Future[Any],
 ) -> None:
     """A small read ``FastLaunch.read`` queued that was not done within its spin: the
-    route's completion (an event after the copy, watched on the loop) settles ``fut``."""
-    completion = server._complete(sid, [cu_stream], lambda: server.finish_small(buf, nbytes))
+    route's completion (an event after the copy, watched on the loop) settles ``fut``,
+    and marks the stream done up to the read, as the route's reads do."""
+    completion = server._complete_read(sid, cu_stream, lambda: server.finish_small(buf, nbytes))
     channel._pending.add(fut)
     mark = channel._held.mark()
     channel.watcher.watch(completion, lambda done: channel._resolve(fut, sid, mark, done))

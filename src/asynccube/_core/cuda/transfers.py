@@ -149,7 +149,7 @@ class TransferOps(ProfileOps):
             self._timed_op(mark, resolved.stream, "read", stream, "copy", total)
         spans = [(offset, n) for _, _, offset, n in jobs]
         big = total >= self._zero_copy
-        return self._complete(stream, [resolved.stream], lambda: _unstage(buf, spans, big))
+        return self._complete_read(stream, resolved.stream, lambda: _unstage(buf, spans, big))
 
     def _read_one(self, desc: CopyDescriptor, stream: StreamId) -> CudaCompletion[list[Any]] | None:
         """The common read, one dense 1D range, with the checks of ``check_copy`` and the
@@ -173,7 +173,7 @@ class TransferOps(ProfileOps):
             raise error_from(err, "cuMemcpyDtoHAsync")
         spans = [(0, nbytes)]
         big = nbytes >= self._zero_copy
-        return self._complete(stream, [cu_stream], lambda: _unstage(buf, spans, big))
+        return self._complete_read(stream, cu_stream, lambda: _unstage(buf, spans, big))
 
     def _read_small(
         self, ptr: int, nbytes: int, stream: StreamId, cu_stream: Any
@@ -187,7 +187,7 @@ class TransferOps(ProfileOps):
             buf.release()
             raise error_from(err, "cuMemcpyDtoHAsync")
 
-        return self._complete(stream, [cu_stream], lambda: self.finish_small(buf, nbytes))
+        return self._complete_read(stream, cu_stream, lambda: self.finish_small(buf, nbytes))
 
     def finish_small(self, buf: PinnedBuffer, nbytes: int) -> list[Any]:
         """The bytes of a finished small read; its buffer kept as a spare (up to 4 per
@@ -241,7 +241,7 @@ class TransferOps(ProfileOps):
                 mark, resolved.stream, "read", stream, "copy", sum(o.nbytes for o in outs)
             )
         kept = list(outs)  # the page-locked targets stay alive until the copy is done
-        return self._complete(stream, [resolved.stream], lambda: _copy_back(buf, back, kept))
+        return self._complete_read(stream, resolved.stream, lambda: _copy_back(buf, back, kept))
 
     def prepare_read_into(
         self, descriptors: Sequence[CopyDescriptor], outs: Sequence[memoryview], stream: StreamId

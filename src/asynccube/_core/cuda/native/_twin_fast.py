@@ -121,8 +121,7 @@ class FastLaunch:
         if p is None or type(spare) is not list or not spare:
             self._declined += 1
             return None
-        self._commit(p)
-        fut = self._issue(p, spare)
+        fut = self._issue(p, spare, self._commit(p)[1])
         self.channel.ran_inline()  # as _native_fast.c's after()
         self._hits += 1
         return fut
@@ -141,7 +140,7 @@ class FastLaunch:
         p.stream = p.wrapper.stream
         return p
 
-    def _issue(self, p: _Plan, spare: list[Any]) -> Any:
+    def _issue(self, p: _Plan, spare: list[Any], cursor: int) -> Any:
         buf = spare.pop()
         host = buf.ptr
         fut = self.create_future()
@@ -150,6 +149,9 @@ class FastLaunch:
             spare.append(buf)
             self.fail(fut, self.error_from(err, "cuMemcpyDtoHAsync"))
         elif _spin(p.stream) == 1:
+            # the copy was the stream's last work: marked done up to it, as a sync marks it
+            if p.wrapper.done < cursor:
+                p.wrapper.done = cursor
             data = [ctypes.string_at(host, p.nbytes)]
             if len(spare) < 4:
                 spare.append(buf)
