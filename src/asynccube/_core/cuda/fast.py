@@ -8,7 +8,10 @@ route does through ``ComputeClient.execute`` -> ``Channel.send`` (run inline) ->
 without surprises:
 
 * the channel is open, called on its loop (asyncio's; under trio, the backend says),
-  no graph capture is open, and the actor is idle with nothing queued (the channel's
+  no graph capture is open, and the actor is idle with nothing queued, or every queued
+  command is tracked by the channel's footprint (``channel/footprint.py``: no sync,
+  close or other command of unknown reach waits, the actor awaits none) and none of
+  them is on the caller's stream or binds one of the command's buffers (the channel's
   1 ms inline budget does not apply, nor does a launch taken here count against it: it
   costs the caller about what queueing it would, and the caller holds the loop either
   way, while a queued launch costs the actor its whole route again later);

@@ -169,7 +169,7 @@ static int plan_alloc(FastLaunch *f, Refs *r, Plan *p, Alloc *a, PyObject *size)
     PyObject *value = get(r, p->sid, N_VALUE);
     long v, m = f->max_streams;
     if (value == NULL || as_long(value, &v) < 0) return 0;
-    return wrapper_of(f, r, p, ((v % m) + m) % m);
+    return clear_of(f, r, p, NULL, 0) && wrapper_of(f, r, p, ((v % m) + m) % m);
 }
 
 /* d.pop(k, None), the value owned by `r` (NULL: absent, or an error set). */

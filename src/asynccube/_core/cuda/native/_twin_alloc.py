@@ -90,7 +90,8 @@ class Allocator:
             plan.pending = self._pending_fit(size, pool)
         if plan.match < 0 and plan.pending is None:
             return None
-        return plan if fast._wrapper_of(p, p.sid.value % fast.max_streams) else None
+        own = p.sid.value % fast.max_streams
+        return plan if fast._clear_of(p, ()) and fast._wrapper_of(p, own) else None
 
     def _pool_for(self, size: int) -> Any:
         """The pool a reservation of ``size`` goes to (None: the persistent mode)."""

@@ -25,9 +25,13 @@ _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 
 class _Plan:
-    __slots__ = ("function", "grid", "meta", "mids", "nbytes", "pack", "ptrs", "scalar",
-                 "shape", "sid", "stream", "wrapper")  # fmt: skip
+    __slots__ = ("ahead", "function", "grid", "meta", "mids", "nbytes", "pack", "ptrs",
+                 "scalar", "shape", "sid", "stream", "wrapper")  # fmt: skip
 
+    def __init__(self) -> None:
+        self.ahead = False  # commands are queued: only those of other slots and buffers
+
+    ahead: bool
     function: Any
     grid: tuple[int, int, int]
     meta: Any
@@ -46,9 +50,9 @@ class FastLaunch:
     """``FastLaunch(...)(kernel, count, bindings, mode) -> bool`` (see :mod:`.fast`)."""
 
     __slots__ = (
-        "_allocator", "_declined", "_hits", "_q_declined", "_q_hits", "addresses", "binding_t",
-        "bindings_t", "call_soon", "channel", "checked", "context", "count_t", "create_future",
-        "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
+        "_allocator", "_declined", "_footprint", "_hits", "_q_declined", "_q_hits", "addresses",
+        "binding_t", "bindings_t", "call_soon", "channel", "checked", "context", "count_t",
+        "create_future", "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
         "handle_t", "hold", "kernel_t", "kernels", "last_use", "later", "loop",
         "max_streams", "mode_t", "on_loop", "open_state", "owned", "packs", "pinned", "ptr_miss",
         "recorder", "slots", "small_max", "small_reads", "table", "task_arg", "task_fn",
@@ -73,6 +77,17 @@ class FastLaunch:
         self.small_reads: Any = None
         self.ptr_miss: Any = None
         self._allocator: Allocator | None = None
+        self._footprint: Any = None
+
+    def set_footprint(self, footprint: Any) -> None:
+        """The channel's ``Footprint`` (``channel/footprint.py``): with it, a route is
+        taken while commands are queued, when all are tracked and none is on the
+        command's stream or binds its buffers (see ``_native_plan.c``)."""
+        from ...errors import InvalidArgument
+
+        if not (isinstance(footprint.streams, dict) and isinstance(footprint.buffers, dict)):
+            raise InvalidArgument("set_footprint needs an object with dicts streams and buffers")
+        self._footprint = footprint
 
     def set_alloc(self, *args: Any) -> None:
         """What :meth:`empty` needs (see ``_native_alloc.c``)."""
@@ -269,7 +284,27 @@ class FastLaunch:
         ):
             return False
         c = self.channel
-        return c._wakeup is not None and len(c._queue) == 0 and c._stop is False
+        if c._stop is not False:
+            return False
+        n = len(c._queue)
+        if n == 0:
+            return c._wakeup is not None
+        fp = self._footprint
+        if fp is None or c._blocked is not False or fp.queued != n:
+            return False
+        p.ahead = True  # every queued command tracked: checked against its slot and buffers
+        return True
+
+    def _clear_of(self, p: _Plan, mids: Any) -> bool:
+        """Nothing queued is on the stream ``p.sid`` or binds one of ``mids`` (when
+        commands are queued)."""
+        if not p.ahead:
+            return True
+        fp = self._footprint
+        if p.sid.value in fp.streams:
+            return False
+        buffers = fp.buffers
+        return not any(m in buffers for m in mids)
 
     def _stream_of(self, p: _Plan) -> bool:
         pinned = self.pinned.get()
@@ -338,7 +373,7 @@ class FastLaunch:
             origin = last_use.get(mid)
             if (b.stream if origin is None else origin[0]).value % m != own:
                 return False
-        return self._wrapper_of(p, own)
+        return self._clear_of(p, p.mids) and self._wrapper_of(p, own)
 
     def _wrapper_of(self, p: _Plan, own: int) -> bool:
         p.wrapper = self.slots[own]
