@@ -25,7 +25,7 @@ SCENARIOS = {
         "taken", "declined", "scalar_dtype", "other_stream", "new_task", "launch_error",
         "foreign_handle", "zero_count", "read_tensor_item", "profiling", "read_taken",
         "read_declined", "read_error", "sync_taken",
-        "queued", "first_use",
+        "queued", "first_use", "write_one",
         "closed",
     ),
     "fast_exclusive_scenario.py": ("exclusive_held", "exclusive_own"),
