@@ -90,6 +90,17 @@ def test_set_pointers_takes_a_callable(hot: Any) -> None:
     assert fast(1, 2, 3, 4) is False  # the channel is closed: the route, as before
 
 
+def test_set_footprint_checks_its_argument(hot: Any) -> None:
+    from asynccube._core.channel.footprint import Footprint
+
+    fast = hot.FastLaunch(*_args())
+    for bad in (object(), type("F", (), {"streams": {}, "buffers": []})()):
+        with pytest.raises(InvalidArgument, match="set_footprint needs"):
+            fast.set_footprint(bad)
+    fast.set_footprint(Footprint())
+    assert fast(1, 2, 3, 4) is False  # the channel is closed: the route, as before
+
+
 def test_set_alloc_checks_its_arguments(hot: Any) -> None:
     from collections import deque
 

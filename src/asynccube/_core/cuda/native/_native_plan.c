@@ -36,7 +36,7 @@ static int device_ready(FastLaunch *f, Refs *r) {
 
 /* device_ready, called on the channel's loop, and its actor idle with nothing queued,
  * or (with a footprint) every queued command tracked and the actor not awaiting one:
- * p->ahead, and clear_of() then checks the command's slot and buffers against them.
+ * p->ahead, and clear_of() then checks the command's stream and buffers against them.
  * Unlike a command of the Python route, a launch taken here runs inline past the
  * channel's budget: it costs the caller about what queueing it would (the caller
  * holds the loop either way), and the actor would only spend more on it later. */

@@ -29,7 +29,7 @@ class _Plan:
                  "scalar", "shape", "sid", "stream", "wrapper")  # fmt: skip
 
     def __init__(self) -> None:
-        self.ahead = False  # commands are queued: only those of other slots and buffers
+        self.ahead = False  # commands are queued: only those of other streams and buffers
 
     ahead: bool
     function: Any
@@ -85,7 +85,8 @@ class FastLaunch:
         command's stream or binds its buffers (see ``_native_plan.c``)."""
         from ...errors import InvalidArgument
 
-        if not (isinstance(footprint.streams, dict) and isinstance(footprint.buffers, dict)):
+        streams, buffers = (getattr(footprint, n, None) for n in ("streams", "buffers"))
+        if type(streams) is not dict or type(buffers) is not dict:
             raise InvalidArgument("set_footprint needs an object with dicts streams and buffers")
         self._footprint = footprint
 
