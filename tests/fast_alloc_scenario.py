@@ -10,6 +10,7 @@ tests/fast_alloc_scenario.py NAME``; prints ``ok NAME`` or raises.
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -224,6 +225,48 @@ async def alloc_after_read() -> None:
     await c.close()
 
 
+async def alloc_carried() -> None:
+    """A request's second allocation takes the slice its first sent back to the manager
+    (pending) with its device address carried over (no lookup at its first use), while
+    that slice is still the range it was; otherwise (here: the manager's slice object
+    replaced) the address is looked up at its first use, as before."""
+    s = await Setup().ready()
+    c = s.client
+    slices, addresses, mslices = (
+        s.server._table._slices,
+        s.server._addresses,
+        s.server._memory._slices,
+    )
+    for swap in (False, True):
+        x, y = c.empty(SIZE), c.empty(SIZE)
+        c.execute(ADD, s.count, bindings(x), U)
+        c.execute(ADD, s.count, bindings(y), U)
+        await c.read([x])  # the stream is done up to here: both free at once when dropped
+        ids = {
+            slices[x.memory.id].id: addresses[x.memory.id],
+            slices[y.memory.id].id: addresses[y.memory.id],
+        }
+        del x, y
+        hits = s.stats[0]
+        a = c.empty(SIZE)  # one of the two slices; the other goes back to the manager
+        (other,) = set(ids) - {slices[a.memory.id].id}
+        kept = mslices[other]
+        if swap:
+            mslices[other] = copy.copy(kept)  # another object: not the range recorded
+        b = c.empty(SIZE)
+        mslices[other] = kept
+        assert s.stats[0] == hits + 2 and slices[b.memory.id].id == other, s.stats
+        if swap:
+            assert b.memory.id not in addresses, "an address carried for another range"
+        else:
+            assert addresses[b.memory.id] == ids[other], "the address was not carried"
+        c.execute(ADD, s.count, bindings(b), U)
+        assert addresses[b.memory.id] == ids[other]
+        assert len((await c.read([b]))[0]) == SIZE
+        del a, b
+    await c.close()
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
     for f in (
@@ -234,6 +277,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         alloc_create,
         alloc_errors,
         alloc_after_read,
+        alloc_carried,
     )
 }
 

@@ -34,7 +34,7 @@ SCENARIOS = {
     ),
     "fast_alloc_scenario.py": (
         "alloc_taken", "alloc_declined", "alloc_passed", "alloc_other_task", "alloc_create",
-        "alloc_errors", "alloc_after_read",
+        "alloc_errors", "alloc_after_read", "alloc_carried",
     ),
 }  # fmt: skip
 

@@ -59,7 +59,9 @@ to, is there to take: one dropped since the server's last collection (every drop
 one free at once, as ``_forget`` decides), or one pending in the memory manager (let go
 of by the server, not yet back in its pool). The route would hand such slices back and
 reserve again; here the slice goes to the new handle, minted and stamped as ``create``
-stamps it, and the manager's periodic cleanup runs when due, as in ``reserve``. None:
+stamps it, with its device address (a dropped slice's; a pending one's when this route
+sent it back and it is still that range: the same slice object, page and offset), and
+the manager's periodic cleanup runs when due, as in ``reserve``. None:
 the route takes it (the persistent mode, a size that is not exactly an int, a dropped
 slice the device may still use, or no slice that fits).
 """

@@ -118,7 +118,7 @@ enum {
     N_RQUEUE, N_OSTART, N_OEND, N_BSIZE, N_STREAM, N_VALUE, N_FUNCTION, N_SHAPE, N_CHECKED,
     N_GRID_OK, N_CURSOR, N_ENABLED, N_TY, N_NUM, N_LENGTH, N_CONTEXT, N_HELD, N_PTR, N_USED,
     N_POOL, N_DONE, N_USE_PERSISTENT, N_ALLOC_CALLS, N_NEXT_CHECK, N_LIMITS, N_ROUTES,
-    N_POPLEFT, N_REMOVE, N_PERIODIC, N_TAINTED, N_BLOCKED, N_QUEUED, N_COUNT
+    N_POPLEFT, N_REMOVE, N_PERIODIC, N_TAINTED, N_BLOCKED, N_QUEUED, N_PAGE, N_OFFSET, N_COUNT
 };
 extern PyObject *attr_names[N_COUNT]; /* interned attribute names, by N_* */
 
@@ -163,6 +163,10 @@ typedef struct {
      * memory id -> count of the tracked commands queued), NULL until then
      * (channel/footprint.py) */
     PyObject *fp, *fp_streams, *fp_buffers;
+    /* empty(): the address entries of dropped slices sent back to the manager (slice id
+     * -> (entry, slice, page, offset)), carried to a new handle that takes one of them
+     * from the manager's pending ones while it is still that range (NULL until then) */
+    PyObject *carried;
     Py_ssize_t h_off[6], t_off[2];
     unsigned sh_val[4], go_val[3];
     unsigned long long fn_val, st_val;

@@ -36,6 +36,7 @@ static int fast_traverse(FastLaunch *f, visitproc visit, void *arg) {
     Py_VISIT(f->fp);
     Py_VISIT(f->fp_streams);
     Py_VISIT(f->fp_buffers);
+    Py_VISIT(f->carried);
     PyObject *const alloc[9] = {f->token_t, f->ids, f->slices, f->failed, f->released,
                                 f->created_at, f->manager, f->mslices, f->pending};
     for (int i = 0; i < 9; i++) Py_VISIT(alloc[i]);
@@ -62,6 +63,7 @@ static int fast_clear(FastLaunch *f) {
     Py_CLEAR(f->fp);
     Py_CLEAR(f->fp_streams);
     Py_CLEAR(f->fp_buffers);
+    Py_CLEAR(f->carried);
     PyObject **alloc[9] = {&f->token_t, &f->ids, &f->slices, &f->failed, &f->released,
                            &f->created_at, &f->manager, &f->mslices, &f->pending};
     for (int i = 0; i < 9; i++) Py_CLEAR(*alloc[i]);
