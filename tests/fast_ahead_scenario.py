@@ -156,7 +156,7 @@ async def ahead_declined() -> None:
 
 
 async def ahead_untracked() -> None:
-    """A queued command of unknown reach (a write, a sync) keeps every later command
+    """A queued command of unknown reach (a flush, a sync) keeps every later command
     behind it; so do commands an exclusive block held and queued, and the counts stay
     right."""
     s = await Setup().ready()
@@ -165,7 +165,7 @@ async def ahead_untracked() -> None:
     await done
     spend(s)
     with on(A):
-        c.write([(xa.copy_descriptor((SIZE,), (1,), 1), bytes(SIZE))])  # not tracked
+        c.flush()  # not tracked
     assert queued(s) == (1, 0), queued(s)
     hits, declined = s.stats
     with on(B):
@@ -207,6 +207,37 @@ async def ahead_untracked() -> None:
     await c.close()
 
 
+async def ahead_write() -> None:
+    """``write`` and ``read_tensor`` are tracked too: stream A's queued write does not
+    keep stream B's launch or write waiting, unless B's binds the buffer A writes (then
+    it runs after it, and waits for it on the device)."""
+    s = await Setup().ready()
+    c = s.client
+    xa, xb, done = prepared(s)
+    await done
+    spend(s)
+    whole = (SIZE,), (1,), 1
+    with on(A):
+        c.write([(xa.copy_descriptor(*whole), bytes(SIZE))])  # queued, tracked
+        fut = c.read_tensor([xa.copy_descriptor(*whole)])  # behind it, tracked
+    assert queued(s) == (2, 2), queued(s)
+    hits = s.stats[0]
+    c._channel._inline_spent = 0.0
+    with on(B):
+        c.execute(ADD, s.count, bindings(xb), U)  # taken
+        c.write([(xb.copy_descriptor(*whole), bytes(SIZE))])  # inline, ahead of A's
+        assert s.stats[0] == hits + 1 and queued(s) == (2, 2), (s.stats, queued(s))
+        c.write([(xa.copy_descriptor(*whole), bytes(SIZE))])  # xa: A's queued write binds it
+    assert queued(s) == (3, 3), queued(s)
+    await fut
+    await c.sync()
+    streams = s.server._streams
+    assert streams.last_use[xa.memory.id][0].value == B, "B's write ran after A's"
+    assert streams.streams.get_index(B).last_synced.get(A, -1) >= 1, "B waited on A's work"
+    assert queued(s) == (0, 0), queued(s)
+    await c.close()
+
+
 async def ahead_concurrent() -> None:
     """The request as users write it (create, empty, Bindings, execute, await read) in
     64 tasks at once: most of the one-call route offers are taken (each task's stream
@@ -236,7 +267,8 @@ async def ahead_concurrent() -> None:
 
 
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
-    f.__name__: f for f in (ahead_taken, ahead_declined, ahead_untracked, ahead_concurrent)
+    f.__name__: f
+    for f in (ahead_taken, ahead_declined, ahead_untracked, ahead_write, ahead_concurrent)
 }
 
 

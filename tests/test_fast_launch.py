@@ -30,7 +30,7 @@ SCENARIOS = {
     ),
     "fast_exclusive_scenario.py": ("exclusive_held", "exclusive_own"),
     "fast_ahead_scenario.py": (
-        "ahead_taken", "ahead_declined", "ahead_untracked", "ahead_concurrent",
+        "ahead_taken", "ahead_declined", "ahead_untracked", "ahead_write", "ahead_concurrent",
     ),
     "fast_alloc_scenario.py": (
         "alloc_taken", "alloc_declined", "alloc_passed", "alloc_other_task", "alloc_create",

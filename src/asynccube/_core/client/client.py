@@ -128,6 +128,7 @@ class ComputeClient(ClientCoordination, ClientSurface):
         # The parts (see the module docstring).
         self._dispatch = dispatch = Dispatch(channel, self._jobs)
         self._movement = DataMovement(server, channel, dispatch, self._jobs)
+        self._movement.footprint = self._footprint
         self._memory = ClientMemory(server, channel, dispatch, self._movement)
         self._launcher = Launcher(server, channel, dispatch, self._fast)
         self._profiler = ClientProfiler(server, channel, dispatch)
