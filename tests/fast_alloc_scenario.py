@@ -10,6 +10,7 @@ tests/fast_alloc_scenario.py NAME``; prints ``ok NAME`` or raises.
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -195,6 +196,77 @@ async def alloc_errors() -> None:
         raise AssertionError("a closed client allocated")
 
 
+async def alloc_after_read() -> None:
+    """A completed read marks its stream done up to the read, as a sync does: a slice
+    last used there before it is free at once when dropped, taken by the next handle
+    without a sync, after a read through the route (the first of its size, a large one)
+    and through the one-call route; a slice used after the read is not."""
+    s = await Setup().ready()
+    c = s.client
+    slices = s.server._table._slices
+    for size, read_taken in ((SIZE, False), (SIZE, True), (128 << 10, False)):
+        h = c.empty(size)
+        token = slices[h.memory.id]
+        c.execute(ADD, s.count, bindings(h), U)
+        hits = s.stats[0]
+        (data,) = await c.read([h])
+        assert len(data) == size and (s.stats[0] == hits + 1) is read_taken, s.stats
+        del h
+        hits = s.stats[0]
+        h = c.empty(size)
+        assert s.stats[0] == hits + 1 and slices[h.memory.id] is token, (size, s.stats)
+        del h
+    h, g = c.empty(SIZE), c.empty(SIZE)
+    await c.read([h])
+    c.execute(ADD, s.count, bindings(g), U)  # after the read: not known done
+    del g
+    assert not taken(s, SIZE)[1]
+    await c.sync()
+    await c.close()
+
+
+async def alloc_carried() -> None:
+    """A request's second allocation takes the slice its first sent back to the manager
+    (pending) with its device address carried over (no lookup at its first use), while
+    that slice is still the range it was; otherwise (here: the manager's slice object
+    replaced) the address is looked up at its first use, as before."""
+    s = await Setup().ready()
+    c = s.client
+    slices, addresses, mslices = (
+        s.server._table._slices,
+        s.server._addresses,
+        s.server._memory._slices,
+    )
+    for swap in (False, True):
+        x, y = c.empty(SIZE), c.empty(SIZE)
+        c.execute(ADD, s.count, bindings(x), U)
+        c.execute(ADD, s.count, bindings(y), U)
+        await c.read([x])  # the stream is done up to here: both free at once when dropped
+        ids = {
+            slices[x.memory.id].id: addresses[x.memory.id],
+            slices[y.memory.id].id: addresses[y.memory.id],
+        }
+        del x, y
+        hits = s.stats[0]
+        a = c.empty(SIZE)  # one of the two slices; the other goes back to the manager
+        (other,) = set(ids) - {slices[a.memory.id].id}
+        kept = mslices[other]
+        if swap:
+            mslices[other] = copy.copy(kept)  # another object: not the range recorded
+        b = c.empty(SIZE)
+        mslices[other] = kept
+        assert s.stats[0] == hits + 2 and slices[b.memory.id].id == other, s.stats
+        if swap:
+            assert b.memory.id not in addresses, "an address carried for another range"
+        else:
+            assert addresses[b.memory.id] == ids[other], "the address was not carried"
+        c.execute(ADD, s.count, bindings(b), U)
+        assert addresses[b.memory.id] == ids[other]
+        assert len((await c.read([b]))[0]) == SIZE
+        del a, b
+    await c.close()
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
     for f in (
@@ -204,6 +276,8 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         alloc_other_task,
         alloc_create,
         alloc_errors,
+        alloc_after_read,
+        alloc_carried,
     )
 }
 

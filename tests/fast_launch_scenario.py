@@ -471,6 +471,41 @@ async def profiling() -> None:
     await s.client.close()
 
 
+async def write_one() -> None:
+    """A dense write of a whole buffer's range (``create``'s) is queued in one step
+    (``_write_one``) with the general path's bookkeeping: the stream's cursor and the
+    buffer's stamp move, the staging buffer is held until the device passes the copy.
+    Any other write (strided, past the buffer's end, the wrong length) is left to the
+    general path, which raises what it raises."""
+    s = await Setup().ready()
+    c, server = s.client, s.server
+    h = c.empty(4 * N)
+    await c.sync()
+    taken: list[bool] = []
+    one = server._write_one
+    server._write_one = lambda *a: taken.append(one(*a)) or taken[-1]  # type: ignore[method-assign]
+    _, cursor = server._streams.last_use[h.memory.id]
+    c.write([(h.copy_descriptor((4 * N,), (1,), 1), bytes(4 * N))])
+    stream = server._streams.streams.get(ac.StreamId.current()).stream
+    assert taken == [True] and server._streams.last_use[h.memory.id][1] == cursor + 1
+    assert int(stream) in server._retirer._parked, "the staging buffer is held"
+    c.write([(h.copy_descriptor((2 * N,), (1,), 2), bytes(4 * N))])  # 2-byte elements
+    assert taken == [True, True] and server._streams.last_use[h.memory.id][1] == cursor + 2
+    sid = ac.StreamId.current()
+    assert not one(h.copy_descriptor((N,), (2,), 2), bytes(2 * N), sid)  # strided
+    assert not one(h.copy_descriptor((8 * N,), (1,), 1), bytes(8 * N), sid)  # past its end
+    assert server._streams.last_use[h.memory.id][1] == cursor + 2, "declined: nothing moved"
+    c.write([(h.copy_descriptor((4 * N,), (1,), 1), bytes(10))])  # the wrong length
+    assert taken == [True, True, False], taken
+    raised: BaseException | None = None
+    try:
+        await c.read([h])
+    except ac.AsyncCubeError as exc:
+        raised = exc
+    assert raised is not None and "data has 10 bytes" in str(raised), raised
+    await c.close()
+
+
 async def closed() -> None:
     """A closed client raises its typed error, through the route."""
     s = await Setup().ready()
@@ -502,6 +537,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         sync_taken,
         queued,
         first_use,
+        write_one,
     )
 }
 SCENARIOS["closed"] = closed

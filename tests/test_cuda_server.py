@@ -295,3 +295,51 @@ async def test_small_reads_reuse_their_pinned_buffers(gpu: ac.ComputeClient) -> 
             assert await gpu.read([h]) == [bytes([i]) * 1024]
     kept = gpu.server._small_reads  # type: ignore[attr-defined]
     assert 1 <= len(kept[1024]) <= 4
+
+
+async def test_requests_of_many_tasks_take_the_one_call_routes(gpu: ac.ComputeClient) -> None:
+    """The request as users write it in 64 tasks at once: every answer right, and most
+    one-call route offers taken (a task's commands run ahead of other tasks' queued
+    ones: ``channel/footprint.py``)."""
+    fast = gpu._fast  # type: ignore[attr-defined]
+
+    async def requests(i: int) -> None:
+        for j in range(8):
+            a = np.full(256, i * 8 + j, np.float32)
+            x, y = gpu.create(a.tobytes()), gpu.empty(a.nbytes)
+            gpu.execute(ADD, blocks(256), add_bindings(x, x, y, 256))
+            (out,) = await gpu.read([y])
+            assert np.array_equal(np.frombuffer(out, np.float32), 2 * a)
+
+    await requests(0)  # a spare pinned buffer of the size, slices to reuse
+    hits, declined = fast.stats
+    await asyncio.gather(*(requests(i) for i in range(64)))
+    taken, left = fast.stats[0] - hits, fast.stats[1] - declined
+    assert taken >= 0.5 * (taken + left), (taken, left)
+
+
+async def test_a_buffer_a_queued_command_writes_is_read_after_it(gpu: ac.ComputeClient) -> None:
+    """Stream 1's slow kernel and its write to a shared buffer wait in the queue (the
+    loop iteration's budget spent); stream 2's read of that buffer waits behind them
+    (it binds a buffer they bind) and sees the write; stream 3, which shares nothing,
+    runs ahead."""
+    n = 256
+    shared = gpu.create(np.zeros(n, np.float32).tobytes())
+    ones = gpu.create(np.ones(n, np.float32).tobytes())
+    other = gpu.create(np.full(n, 5, np.float32).tobytes())
+    await gpu.read([other])  # a spare pinned buffer of the size: the one-call read
+    await gpu.sync()
+    channel = gpu._channel  # type: ignore[attr-defined]
+    channel._inline_spent = channel.budget  # Python-route commands queue from here
+    with ac.StreamId.pinned(1):
+        gpu.empty(12345)  # the route's allocation: queued
+        gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(0.05))  # behind it
+        gpu.execute(ADD, blocks(n), add_bindings(ones, ones, shared, n))
+    with ac.StreamId.pinned(3):
+        ahead = gpu.read([other])
+    with ac.StreamId.pinned(2):
+        behind = gpu.read([shared])
+    assert await ahead == [np.full(n, 5, np.float32).tobytes()]
+    assert not behind.done(), "a read of a buffer a queued command writes went first"
+    (out,) = await behind
+    assert np.array_equal(np.frombuffer(out, np.float32), np.full(n, 2, np.float32))

@@ -25,13 +25,16 @@ SCENARIOS = {
         "taken", "declined", "scalar_dtype", "other_stream", "new_task", "launch_error",
         "foreign_handle", "zero_count", "read_tensor_item", "profiling", "read_taken",
         "read_declined", "read_error", "sync_taken",
-        "queued", "first_use",
+        "queued", "first_use", "write_one",
         "closed",
     ),
     "fast_exclusive_scenario.py": ("exclusive_held", "exclusive_own"),
+    "fast_ahead_scenario.py": (
+        "ahead_taken", "ahead_declined", "ahead_untracked", "ahead_write", "ahead_concurrent",
+    ),
     "fast_alloc_scenario.py": (
         "alloc_taken", "alloc_declined", "alloc_passed", "alloc_other_task", "alloc_create",
-        "alloc_errors",
+        "alloc_errors", "alloc_after_read", "alloc_carried",
     ),
 }  # fmt: skip
 
@@ -84,6 +87,17 @@ def test_set_pointers_takes_a_callable(hot: Any) -> None:
     with pytest.raises(InvalidArgument, match="set_pointers needs a callable"):
         fast.set_pointers(42)
     fast.set_pointers(lambda binding: 0)
+    assert fast(1, 2, 3, 4) is False  # the channel is closed: the route, as before
+
+
+def test_set_footprint_checks_its_argument(hot: Any) -> None:
+    from asynccube._core.channel.footprint import Footprint
+
+    fast = hot.FastLaunch(*_args())
+    for bad in (object(), type("F", (), {"streams": {}, "buffers": []})()):
+        with pytest.raises(InvalidArgument, match="set_footprint needs"):
+            fast.set_footprint(bad)
+    fast.set_footprint(Footprint())
     assert fast(1, 2, 3, 4) is False  # the channel is closed: the route, as before
 
 

@@ -123,3 +123,35 @@ def test_an_array_of_another_dtype_whose_values_fit_is_told_the_cast() -> None:
     assert packed.scalars[np.dtype(np.uint32)].values().tolist() == values.tolist()
     with pytest.raises(ac.ScalarTypeError, match=r"given an array of bool; convert"):
         ac.Bindings().with_scalar(np.uint8, np.array([True]))
+
+
+@pytest.mark.parametrize("dt", SCALAR_DTYPES, ids=[d.name for d in SCALAR_DTYPES])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_with_scalar_of_a_few_ints_is_packed_once_and_as_numpy_packs_it(
+    dt: np.dtype[np.generic], data: st.DataObject
+) -> None:
+    """``with_scalar`` of up to 4 Python ints (a request's sizes) shares one packed
+    ScalarBinding per dtype and values; the bytes are numpy's, whatever came first."""
+    ints = [v for v in data.draw(_values(dt)) if type(v) is int][:4]
+    if not ints:
+        return
+    first = ac.Bindings().with_scalar(dt.type, ints).scalars[dt]
+    again = ac.Bindings().with_scalar(dt.type, list(ints)).scalars[dt]
+    assert again is first and first.data == _numpy_bytes(dt, ints)
+    assert ac.Bindings().with_scalar(dt.type, [*ints, 0][:5]).scalars[dt].length == len(ints) + 1
+
+
+def test_with_scalar_refuses_bad_values_every_time_and_caches_no_other_kind() -> None:
+    for _ in range(2):
+        with pytest.raises(ac.ScalarTypeError, match="does not fit in uint32"):
+            ac.Bindings().with_scalar(np.uint32, [-1])
+        with pytest.raises(ac.ScalarTypeError, match="not a number"):
+            ac.Bindings().with_scalar(np.uint32, [True])
+    floats = [
+        ac.Bindings().with_scalar(np.float32, [x]).scalars[np.dtype(np.float32)]
+        for x in (0.0, -0.0)
+    ]
+    assert floats[0].data != floats[1].data  # floats are not shared: -0.0 == 0.0
+    big = ac.Bindings().with_scalar(np.uint64, [2**64 - 1]).scalars[np.dtype(np.uint64)]
+    assert big.data == np.array([2**64 - 1], np.uint64).tobytes()

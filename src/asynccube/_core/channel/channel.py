@@ -12,6 +12,10 @@ the completion watcher, on the backend's loop (:mod:`.backend`: asyncio's own, o
 trio's adapter): :mod:`.settle`, the channel's base. If the actor dies, every pending
 and later awaitable fails at once with ClientDeadError (after a sticky device error,
 with that DeviceError): :mod:`.closing`, with the close.
+
+A command whose stream and buffers are known (a :class:`~.footprint.Tracked` op) also
+runs at once, within the budget, and the one-call routes take theirs, while only such
+commands are queued and none of them is on its stream or binds its buffers.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from .closing import State, begin_close, die
 from .closing import awaited as _awaited
 from .completion import CompletionWatcher
 from .exclusive import SCOPE, Block, Gate
+from .footprint import Tracked
 from .held import HeldErrors
 from .settle import PRUNE_AT, Op, Settling
 
@@ -197,15 +202,31 @@ class Channel(Settling):
     def send(self, op: Op, *args: Any) -> None:
         """Run a command: at once when the actor is idle and nothing is queued (the
         caller runs it exactly as the actor would, on the same thread, in the same
-        order, and saves a loop iteration), else queued for the actor. While an
+        order, and saves a loop iteration), else queued for the actor; a
+        :class:`~.footprint.Tracked` one also at once when nothing queued is on its
+        stream or binds its buffers, and everything queued is tracked. While an
         exclusive block is active, a command from outside its scope is held by it."""
         if self._exclusive is not None and self._exclusive.hold(op, args):
             return
         if self._wakeup is not None and not self._queue and self._inline_budget():
             self._run_inline(op, args)
             return
+        if type(op) is Tracked:  # its stream and buffers known (:mod:`.footprint`)
+            if self._ahead(op):
+                self._run_inline(op, args)
+                return
+            op.enqueue()
         self._queue.append((op, args))
         self._wake()
+
+    def _ahead(self, op: Tracked) -> bool:
+        """True when ``op`` may run now, ahead of the queue: the actor awaits no command,
+        no capture or exclusive block is open, the budget lasts, and nothing queued is a
+        command it must wait for (:mod:`.footprint`)."""
+        queued = len(self._queue)
+        if not queued or self._blocked or self.guard is not None:
+            return False
+        return self._inline_budget() and op.clear(queued)
 
     def run_queued_inline(self) -> str | None:
         """Run every queued command now, on the calling thread, in order, as the actor

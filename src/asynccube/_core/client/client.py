@@ -39,6 +39,7 @@ import numpy.typing as npt
 
 from ..channel.channel import BATCH_SECONDS, Channel, State
 from ..channel.completion import one_step_later
+from ..channel.footprint import Footprint
 from ..config.config import AsyncCubeConfig
 from ..errors import InvalidArgument
 from ..profiling.records import ProfileSummary
@@ -115,11 +116,19 @@ class ComputeClient(ClientCoordination, ClientSurface):
         # launch first; it declines (False) whatever it does not take, before any change.
         fast = getattr(server, "fast_launcher", None)
         self._fast: Any = fast(channel) if fast is not None else None
+        # With one, the hot commands go to the channel as Tracked ops (their stream and
+        # buffers known), so that a command (or a one-call route) whose stream and
+        # buffers nothing queued touches need not wait behind other tasks' commands.
+        self._footprint: Footprint | None = None
+        if self._fast is not None:
+            self._footprint = Footprint()
+            self._fast.set_footprint(self._footprint)
         syncer = getattr(server, "fast_syncer", None)  # CUDA: cuda/fast_sync.py
         self._fast_sync: Any = syncer(channel) if syncer is not None else None
         # The parts (see the module docstring).
         self._dispatch = dispatch = Dispatch(channel, self._jobs)
         self._movement = DataMovement(server, channel, dispatch, self._jobs)
+        self._movement.footprint = self._footprint
         self._memory = ClientMemory(server, channel, dispatch, self._movement)
         self._launcher = Launcher(server, channel, dispatch, self._fast)
         self._profiler = ClientProfiler(server, channel, dispatch)
@@ -177,14 +186,22 @@ class ComputeClient(ClientCoordination, ClientSurface):
         nbytes = memoryview(raw).nbytes
         fast = self._fast  # FastLaunch.empty: a pool hit in one call, then the copy
         handle: Handle | None = fast.empty(nbytes) if fast is not None else None
+        stream = StreamId.current()
         if handle is not None:
             copy = [(handle.copy_descriptor((nbytes,), (1,), 1), raw)]
-            self._channel.send(self._movement.write_on_actor, StreamId.current(), copy)
+            write = self._tracked(self._movement.write_on_actor, stream, [handle.memory.id])
+            self._channel.send(write, stream, copy)
             return handle
-        handle = self._memory.mint(nbytes)
-        movement = self._movement
-        self._channel.send(movement.create_with_data, StreamId.current(), handle, raw)
+        handle = self._memory.mint(nbytes, stream)
+        create = self._tracked(self._movement.create_with_data, stream, [handle.memory.id])
+        self._channel.send(create, stream, handle, raw)
         return handle
+
+    def _tracked(self, op: Any, stream: StreamId, mids: list[int]) -> Any:
+        """``op`` as a command of ``stream`` binding the buffers ``mids``, tracked by
+        the channel's footprint where the server has one-call routes (else ``op``)."""
+        footprint = self._footprint
+        return op if footprint is None else footprint.op(stream, mids, op)
 
     def empty(self, size: int) -> Handle:
         """A new uninitialized buffer of ``size`` bytes."""
@@ -202,7 +219,8 @@ class ComputeClient(ClientCoordination, ClientSurface):
             channel.check()  # raises, unless only the capture guard had to see it
         stream = StreamId.current()
         handle = self._memory.mint(size, stream)
-        channel.send(channel.fire, stream, self._server.create, [handle])
+        fire = self._tracked(channel.fire, stream, [handle.memory.id])
+        channel.send(fire, stream, self._server.create, [handle])
         return handle
 
     def create_tensors(
@@ -254,8 +272,11 @@ class ComputeClient(ClientCoordination, ClientSurface):
                 return done  # type: ignore[no-any-return]
         self._channel.check()
         descs = [_read_item(b) for b in _items("read", "bindings", bindings)]
-        channel = self._channel
-        return channel.request(self._movement.read_on_actor, StreamId.current(), descs)
+        stream = StreamId.current()
+        read: Any = self._movement.read_on_actor
+        if self._footprint is not None:
+            read = self._footprint.op(stream, [d.binding.memory.id for d in descs], read)
+        return self._channel.request(read, stream, descs)
 
     def read_tensor(self, descriptors: Sequence[CopyDescriptor]) -> asyncio.Future[list[bytes]]:
         """The bytes of each (possibly strided) tensor, densely packed (awaitable)."""
@@ -323,8 +344,12 @@ class ComputeClient(ClientCoordination, ClientSurface):
                 _foreign_launch(owner, count, bindings)
         if count.binding is not None and channel.guard is not None:
             channel.guard("execute with a dynamic CubeCount")  # its count is read back first
-        launch = self._launcher.launch
-        channel.send(launch, StreamId.current(), kernel, count, bindings, mode)
+        launch: Any = self._launcher.launch
+        stream = StreamId.current()
+        footprint = self._footprint
+        if footprint is not None and count.binding is None and not bindings.tensor_maps:
+            launch = footprint.op(stream, [b.memory.id for b in bindings.buffers], launch)
+        channel.send(launch, stream, kernel, count, bindings, mode)
 
     def flush(self) -> None:
         """Submit work buffered for the calling task's stream."""

@@ -8,7 +8,10 @@ route does through ``ComputeClient.execute`` -> ``Channel.send`` (run inline) ->
 without surprises:
 
 * the channel is open, called on its loop (asyncio's; under trio, the backend says),
-  no graph capture is open, and the actor is idle with nothing queued (the channel's
+  no graph capture is open, and the actor is idle with nothing queued, or every queued
+  command is tracked by the channel's footprint (``channel/footprint.py``: no sync,
+  close or other command of unknown reach waits, the actor awaits none) and none of
+  them is on the caller's stream or binds one of the command's buffers (the channel's
   1 ms inline budget does not apply, nor does a launch taken here count against it: it
   costs the caller about what queueing it would, and the caller holds the loop either
   way, while a queued launch costs the actor its whole route again later);
@@ -44,7 +47,10 @@ held for any stream (the route raises it) and a spare pinned buffer of that size
 is kept after the route's first read of the size). It queues the copy and polls the
 stream for up to 30 µs, as the completion watcher's first spin does: a short read's
 future is resolved before it is returned, so awaiting it does not suspend; a longer one
-is handed to the watcher (:func:`_read_later`). None: the route takes the read.
+is handed to the watcher (:func:`_read_later`). None: the route takes the read. Once a
+read is done (either way), the stream is marked done up to it, as a sync marks it (the
+copy was queued after all the stream's earlier work): what was last used there before
+it is free at once when dropped, so ``fast.empty`` can take it without a sync.
 
 ``fast.empty(size)`` (``_native_alloc.c``, twin ``_twin_alloc.py``) takes
 ``client.empty(size)`` (and ``create``'s allocation) on the same channel conditions when
@@ -53,7 +59,9 @@ to, is there to take: one dropped since the server's last collection (every drop
 one free at once, as ``_forget`` decides), or one pending in the memory manager (let go
 of by the server, not yet back in its pool). The route would hand such slices back and
 reserve again; here the slice goes to the new handle, minted and stamped as ``create``
-stamps it, and the manager's periodic cleanup runs when due, as in ``reserve``. None:
+stamps it, with its device address (a dropped slice's; a pending one's when this route
+sent it back and it is still that range: the same slice object, page and offset), and
+the manager's periodic cleanup runs when due, as in ``reserve``. None:
 the route takes it (the persistent mode, a size that is not exactly an int, a dropped
 slice the device may still use, or no slice that fits).
 """
@@ -130,8 +138,9 @@ def _read_later(
     fut: asyncio.Future[Any],
 ) -> None:
     """A small read ``FastLaunch.read`` queued that was not done within its spin: the
-    route's completion (an event after the copy, watched on the loop) settles ``fut``."""
-    completion = server._complete(sid, [cu_stream], lambda: server.finish_small(buf, nbytes))
+    route's completion (an event after the copy, watched on the loop) settles ``fut``,
+    and marks the stream done up to the read, as the route's reads do."""
+    completion = server._complete_read(sid, cu_stream, lambda: server.finish_small(buf, nbytes))
     channel._pending.add(fut)
     mark = channel._held.mark()
     channel.watcher.watch(completion, lambda done: channel._resolve(fut, sid, mark, done))

@@ -162,7 +162,7 @@ class ServerCore(SliceServer[SliceHandle]):
             return  # never touched by device work: the slice is free at once
         wrapper = self._streams.streams.get(last[0])
         if wrapper.done >= last[1]:
-            return  # a completed sync saw the stream pass its last use: free at once
+            return  # a completed sync or read saw the stream pass its last use: free now
         # Held until an event after its last use; a later sync waits for that event too
         # (the stream's cursor is past its done mark, so sync flushes it).
         self._retirer.hold(wrapper.stream, memory)
@@ -216,6 +216,27 @@ class ServerCore(SliceServer[SliceHandle]):
         events = [self._events.record(s) for s in streams]
 
         return self._completion(events, streams[0] if streams else None, finalize)
+
+    def _complete_read(
+        self, stream: StreamId, cu_stream: Any, finalize: Callable[[], T]
+    ) -> CudaCompletion[T]:
+        """:meth:`_complete` for a copy just queued on ``stream``'s backend stream, after
+        all its earlier work: once its event is reached without error, the stream is
+        marked done up to the copy's cursor, as a completed sync marks it, so the slices
+        last used there before it are free at once when dropped (``fast.empty`` takes
+        them without a sync)."""
+        streams = self._streams
+        wrapper = streams.streams.get(stream)
+        if wrapper.stream is not cu_stream:  # not that stream's work: no mark
+            return self._complete(stream, [cu_stream], finalize)
+        marks = [(wrapper, wrapper.cursor)]
+        mark_done = streams.mark_done
+
+        def done() -> T:
+            mark_done(marks)
+            return finalize()
+
+        return self._complete(stream, [cu_stream], done)
 
     def _completion(
         self, events: list[Any], stream: Any, finalize: Callable[[], T] | None

@@ -62,6 +62,8 @@ class TransferOps(ProfileOps):
         plus 0.7 ms per MiB when no pinned buffer of that size is free).
         """
         self._retirer.poll()  # staging buffers of earlier copies may be free again
+        if len(items) == 1 and self._write_one(*items[0], stream):
+            return
         jobs = []
         for desc, data in items:
             mv = memoryview(data).cast("B")
@@ -78,6 +80,31 @@ class TransferOps(ProfileOps):
         if mark is not None:
             nbytes = sum(mv.nbytes for _, _, _, mv in jobs)
             self._timed_op(mark, resolved.stream, "write", stream, "copy", nbytes)
+
+    def _write_one(self, desc: CopyDescriptor, data: BytesLike, stream: StreamId) -> bool:
+        """The common write (``create``'s), one dense 1D range of the data's length, with
+        the checks of ``check_copy`` and the copy plan worked out inline, as
+        ``_read_one`` does (False before any change: not that case, or not valid; the
+        general path handles it, and raises what it raises)."""
+        shape, strides, elem = desc.shape, desc.strides, desc.elem_size
+        if len(shape) != 1 or len(strides) != 1 or strides[0] != 1 or elem <= 0:
+            return False
+        nbytes = shape[0] * elem
+        binding = desc.binding
+        if not 0 < nbytes <= binding.size or self.recorder.enabled:
+            return False
+        mv = memoryview(data).cast("B")
+        if mv.nbytes != nbytes:
+            return False
+        ptr = self._ptr(binding)
+        cu_stream = self._streams.resolve(stream, [binding]).stream
+        staged = self._staged.pop(id(data), None)
+        src, keep = staged if staged is not None else _stage(self._pinned, mv)
+        err = hot.memcpy_async(True, ptr, src, nbytes, cu_stream)
+        self._retirer.hold(cu_stream, keep)
+        if err:
+            raise error_from(err, "cuMemcpyHtoDAsync")
+        return True
 
     def snapshot(self, data: Any) -> memoryview | None:
         """A copy of host data of ``SNAPSHOT_BYTES`` or more taken now, straight into a
@@ -149,7 +176,7 @@ class TransferOps(ProfileOps):
             self._timed_op(mark, resolved.stream, "read", stream, "copy", total)
         spans = [(offset, n) for _, _, offset, n in jobs]
         big = total >= self._zero_copy
-        return self._complete(stream, [resolved.stream], lambda: _unstage(buf, spans, big))
+        return self._complete_read(stream, resolved.stream, lambda: _unstage(buf, spans, big))
 
     def _read_one(self, desc: CopyDescriptor, stream: StreamId) -> CudaCompletion[list[Any]] | None:
         """The common read, one dense 1D range, with the checks of ``check_copy`` and the
@@ -173,7 +200,7 @@ class TransferOps(ProfileOps):
             raise error_from(err, "cuMemcpyDtoHAsync")
         spans = [(0, nbytes)]
         big = nbytes >= self._zero_copy
-        return self._complete(stream, [cu_stream], lambda: _unstage(buf, spans, big))
+        return self._complete_read(stream, cu_stream, lambda: _unstage(buf, spans, big))
 
     def _read_small(
         self, ptr: int, nbytes: int, stream: StreamId, cu_stream: Any
@@ -187,7 +214,7 @@ class TransferOps(ProfileOps):
             buf.release()
             raise error_from(err, "cuMemcpyDtoHAsync")
 
-        return self._complete(stream, [cu_stream], lambda: self.finish_small(buf, nbytes))
+        return self._complete_read(stream, cu_stream, lambda: self.finish_small(buf, nbytes))
 
     def finish_small(self, buf: PinnedBuffer, nbytes: int) -> list[Any]:
         """The bytes of a finished small read; its buffer kept as a spare (up to 4 per
@@ -241,7 +268,7 @@ class TransferOps(ProfileOps):
                 mark, resolved.stream, "read", stream, "copy", sum(o.nbytes for o in outs)
             )
         kept = list(outs)  # the page-locked targets stay alive until the copy is done
-        return self._complete(stream, [resolved.stream], lambda: _copy_back(buf, back, kept))
+        return self._complete_read(stream, resolved.stream, lambda: _copy_back(buf, back, kept))
 
     def prepare_read_into(
         self, descriptors: Sequence[CopyDescriptor], outs: Sequence[memoryview], stream: StreamId

@@ -224,6 +224,33 @@ def _checked_scalar(dt: np.dtype[np.generic], value: object) -> object:
     return value
 
 
+_SCALARS: dict[tuple[Any, ...], ScalarBinding] = {}
+"""``with_scalar``'s ScalarBindings of a few Python ints, by (dtype given, values...)."""
+_SCALARS_MAX: Final = 256
+
+
+def _scalars(ty: npt.DTypeLike, values: object) -> ScalarBinding:
+    """``ScalarBinding(ty, values)``; for a list of up to 4 Python ints (exactly ``int``:
+    a request's sizes, passed anew to every launch) one shared ScalarBinding per dtype
+    and values, checked and packed once (it is never changed once built). Bad values
+    raise every time (a refused one is not kept)."""
+    if type(values) is not list or not 0 < len(values) <= 4:
+        return ScalarBinding(ty, values)  # type: ignore[arg-type]  # it checks them
+    for v in values:
+        if type(v) is not int:
+            return ScalarBinding(ty, values)
+    key = (ty, *values)
+    try:
+        return _SCALARS[key]
+    except (KeyError, TypeError):  # TypeError: an unhashable dtype-like (ScalarBinding says)
+        pass
+    sb = ScalarBinding(ty, values)
+    if len(_SCALARS) >= _SCALARS_MAX:
+        _SCALARS.clear()
+    _SCALARS[key] = sb
+    return sb
+
+
 class MetadataBinding:
     """Packed ``uint32`` metadata of a launch (shapes, strides, lengths)."""
 
@@ -358,7 +385,7 @@ class Bindings:
 
     def with_scalar(self, ty: npt.DTypeLike, values: npt.ArrayLike) -> Bindings:
         """Set the scalars of dtype ``ty`` (replacing any of that dtype)."""
-        sb = ScalarBinding(ty, values)
+        sb = _scalars(ty, values)
         self.scalars[sb.ty] = sb
         return self
 

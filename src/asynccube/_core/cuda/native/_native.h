@@ -118,7 +118,7 @@ enum {
     N_RQUEUE, N_OSTART, N_OEND, N_BSIZE, N_STREAM, N_VALUE, N_FUNCTION, N_SHAPE, N_CHECKED,
     N_GRID_OK, N_CURSOR, N_ENABLED, N_TY, N_NUM, N_LENGTH, N_CONTEXT, N_HELD, N_PTR, N_USED,
     N_POOL, N_DONE, N_USE_PERSISTENT, N_ALLOC_CALLS, N_NEXT_CHECK, N_LIMITS, N_ROUTES,
-    N_POPLEFT, N_REMOVE, N_PERIODIC, N_TAINTED, N_COUNT
+    N_POPLEFT, N_REMOVE, N_PERIODIC, N_TAINTED, N_BLOCKED, N_QUEUED, N_PAGE, N_OFFSET, N_COUNT
 };
 extern PyObject *attr_names[N_COUNT]; /* interned attribute names, by N_* */
 
@@ -159,6 +159,14 @@ typedef struct {
     PyObject *token_t, *ids, *slices, *failed, *released, *created_at, *manager, *mslices;
     PyObject *pending;
     long max_alloc;
+    /* set_footprint(): the channel's Footprint and its two dicts (stream id -> count,
+     * memory id -> count of the tracked commands queued), NULL until then
+     * (channel/footprint.py) */
+    PyObject *fp, *fp_streams, *fp_buffers;
+    /* empty(): the address entries of dropped slices sent back to the manager (slice id
+     * -> (entry, slice, page, offset)), carried to a new handle that takes one of them
+     * from the manager's pending ones while it is still that range (NULL until then) */
+    PyObject *carried;
     Py_ssize_t h_off[6], t_off[2];
     unsigned sh_val[4], go_val[3];
     unsigned long long fn_val, st_val;
@@ -176,6 +184,7 @@ typedef struct {
     Py_ssize_t n, meta_size;
     unsigned grid[3], shape[4];
     int scheduled;
+    int ahead; /* channel_ready: commands are queued, all tracked (clear_of checks them) */
     PyObject *stamp; /* commit(): (sid, the new cursor), owned by the call's Refs */
     long nbytes; /* plan_read: the bytes the binding covers */
     PyObject *mids[MAX_BUFFERS]; /* the arrays last: filled up to n, not cleared */
@@ -223,6 +232,9 @@ int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item);
 /* Parts of plan() that empty() shares: the channel ready, the caller's stream, and the
  * wrapper of stream slot `own` (created on first use); each 0 when the route must act. */
 int channel_ready(FastLaunch *f, Refs *r, Plan *p);
+/* When commands are queued (p->ahead): none is on the stream p->sid nor binds one of
+ * the n memory ids; 1 when clear, 0 when the route must act. */
+int clear_of(FastLaunch *f, Refs *r, Plan *p, PyObject *const *mids, Py_ssize_t n);
 int stream_of(FastLaunch *f, Refs *r, Plan *p);
 int wrapper_of(FastLaunch *f, Refs *r, Plan *p, long own);
 Py_ssize_t member_offset(PyTypeObject *t, PyObject *name);

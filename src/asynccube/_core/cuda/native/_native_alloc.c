@@ -13,13 +13,16 @@
  * must do: a size not an exact int in [1, max_allocation], a channel not ready, the
  * persistent mode, a dropped slice the device may still use, or no slice of that size
  * among the dropped ones or the manager's pending ones. The manager's periodic cleanup
- * runs here when it is due, as in reserve. */
+ * runs here when it is due, as in reserve. The address entries of the dropped slices
+ * sent back are kept (carry()), so that a later handle taking one of them from the
+ * pending ones while it is still that range needs no address lookup at its first use. */
 #include <stddef.h>
 
 #include "_native.h"
 
 #define MAX_RELEASED 16 /* more dropped at once: the route drains them */
 #define MAX_PENDING 64  /* more pending in the manager: the route releases them */
+#define MAX_CARRIED 64  /* more address entries kept for pending slices: start again */
 
 typedef struct {
     PyObject *ids;    /* the release queue's ids, a tuple snapshot */
@@ -169,7 +172,7 @@ static int plan_alloc(FastLaunch *f, Refs *r, Plan *p, Alloc *a, PyObject *size)
     PyObject *value = get(r, p->sid, N_VALUE);
     long v, m = f->max_streams;
     if (value == NULL || as_long(value, &v) < 0) return 0;
-    return wrapper_of(f, r, p, ((v % m) + m) % m);
+    return clear_of(f, r, p, NULL, 0) && wrapper_of(f, r, p, ((v % m) + m) % m);
 }
 
 /* d.pop(k, None), the value owned by `r` (NULL: absent, or an error set). */
@@ -187,8 +190,43 @@ static PyObject *made(PyObject *t, const Py_ssize_t *off, int n, PyObject *const
     return o;
 }
 
+/* Keep the address entry of a dropped slice the manager gets back (pending), with the
+ * slice's range (its Slice object, page and offset), for a later handle that takes it. */
+static int carry(FastLaunch *f, Refs *r, PyObject *memory, PyObject *entry) {
+    if (memory == NULL || entry == NULL || Py_TYPE(memory) != (PyTypeObject *)f->token_t)
+        return 0;
+    PyObject *sl_id = get(r, memory, N_ID), *sl, *page, *offset, *kept;
+    if (sl_id == NULL || (sl = PyDict_GetItemWithError(f->mslices, sl_id)) == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if ((page = get(r, sl, N_PAGE)) == NULL || (offset = get(r, sl, N_OFFSET)) == NULL) return -1;
+    if (f->carried == NULL && (f->carried = PyDict_New()) == NULL) return -1;
+    if (PyDict_GET_SIZE(f->carried) >= MAX_CARRIED) PyDict_Clear(f->carried);
+    if ((kept = keep(r, PyTuple_Pack(4, entry, sl, page, offset))) == NULL) return -1;
+    return PyDict_SetItem(f->carried, sl_id, kept);
+}
+
+/* The address entry kept for the manager's slice `sl_id` (borrowed, owned by `r`), if
+ * the slice is still the range it was and its entry covers a->size bytes; else NULL. */
+static PyObject *carried(FastLaunch *f, Refs *r, Alloc *a, PyObject *sl_id) {
+    PyObject *c = f->carried == NULL ? NULL : pop(r, f->carried, sl_id), *sl, *o, *entry;
+    if (c == NULL || !PyTuple_Check(c) || PyTuple_GET_SIZE(c) != 4) return NULL;
+    sl = PyDict_GetItemWithError(f->mslices, sl_id);
+    if (sl == NULL || sl != PyTuple_GET_ITEM(c, 1)) return NULL;
+    if ((o = get(r, sl, N_PAGE)) == NULL || o != PyTuple_GET_ITEM(c, 2)) return NULL;
+    if ((o = get(r, sl, N_OFFSET)) == NULL ||
+        PyObject_RichCompareBool(o, PyTuple_GET_ITEM(c, 3), Py_EQ) != 1)
+        return NULL;
+    long length;
+    entry = PyTuple_GET_ITEM(c, 0);
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2 ||
+        as_long(PyTuple_GET_ITEM(entry, 1), &length) < 0 || length != a->size)
+        return NULL;
+    return entry;
+}
+
 /* Take the snapshot's ids off the queue (popleft: a thread may append meanwhile) and
- * forget each, as SliceTable.drain and _forget do; keep the matched slice. */
+ * forget each, as SliceTable.drain and _forget do; keep the matched slice, and the
+ * address entries of the others (carry()). */
 static int drain(FastLaunch *f, Refs *r, Alloc *a) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(a->ids); i++) {
         PyObject *id = PyTuple_GET_ITEM(a->ids, i);
@@ -206,6 +244,8 @@ static int drain(FastLaunch *f, Refs *r, Alloc *a) {
         if (i == a->match) {
             a->memory = memory;
             a->entry = entry;
+        } else if (carry(f, r, memory, entry) < 0) {
+            return -1;
         }
     }
     if (a->match >= 0) return a->memory == NULL ? (bad("a dropped slice vanished"), -1) : 0;
@@ -216,7 +256,9 @@ static int drain(FastLaunch *f, Refs *r, Alloc *a) {
     if (gone == NULL) return -1;
     Py_DECREF(gone);
     PyObject *tv[2] = {a->slice_id, queue};
-    return (a->memory = keep(r, made(f->token_t, f->t_off, 2, tv))) == NULL ? -1 : 0;
+    if ((a->memory = keep(r, made(f->token_t, f->t_off, 2, tv))) == NULL) return -1;
+    a->entry = carried(f, r, a, a->slice_id); /* its address, where still valid */
+    return a->entry == NULL && PyErr_Occurred() ? -1 : 0;
 }
 
 /* The new handle over the matched slice, minted and stamped as create would. */

@@ -4,7 +4,8 @@
  * FastLaunch(channel, loop, ...)(kernel, count, bindings, mode) -> bool runs what
  * ComputeClient.execute -> Channel.send (inline) -> LaunchOps.execute would run for the
  * common launch: an open channel called on its loop with no capture, an idle actor
- * with nothing queued, the task's own stream, the device's context current, no
+ * with nothing queued (or only tracked commands of other streams and buffers queued:
+ * channel/footprint.py), the task's own stream, the device's context current, no
  * recorder, a loaded kernel with a static count and no tensor maps, every buffer's
  * address known, a signature already checked (and under CHECKED the grid too), and
  * every buffer last used on this stream's slot. Anything else returns False before any
@@ -32,6 +33,10 @@ static int fast_traverse(FastLaunch *f, visitproc visit, void *arg) {
     Py_VISIT(f->fail);
     Py_VISIT(f->create_future);
     Py_VISIT(f->ptr_miss);
+    Py_VISIT(f->fp);
+    Py_VISIT(f->fp_streams);
+    Py_VISIT(f->fp_buffers);
+    Py_VISIT(f->carried);
     PyObject *const alloc[9] = {f->token_t, f->ids, f->slices, f->failed, f->released,
                                 f->created_at, f->manager, f->mslices, f->pending};
     for (int i = 0; i < 9; i++) Py_VISIT(alloc[i]);
@@ -55,6 +60,10 @@ static int fast_clear(FastLaunch *f) {
     Py_CLEAR(f->fail);
     Py_CLEAR(f->create_future);
     Py_CLEAR(f->ptr_miss);
+    Py_CLEAR(f->fp);
+    Py_CLEAR(f->fp_streams);
+    Py_CLEAR(f->fp_buffers);
+    Py_CLEAR(f->carried);
     PyObject **alloc[9] = {&f->token_t, &f->ids, &f->slices, &f->failed, &f->released,
                            &f->created_at, &f->manager, &f->mslices, &f->pending};
     for (int i = 0; i < 9; i++) Py_CLEAR(*alloc[i]);
@@ -263,6 +272,24 @@ static PyObject *fast_set_pointers(PyObject *self, PyObject *fn) {
     Py_RETURN_NONE;
 }
 
+/* fast.set_footprint(fp): the channel's Footprint (channel/footprint.py); its dicts
+ * `streams` and `buffers` are kept (never replaced), `queued` is read per call. */
+static PyObject *fast_set_footprint(PyObject *self, PyObject *fp) {
+    FastLaunch *f = (FastLaunch *)self;
+    PyObject *streams = PyObject_GetAttrString(fp, "streams");
+    PyObject *buffers = streams == NULL ? NULL : PyObject_GetAttrString(fp, "buffers");
+    if (buffers == NULL || !PyDict_CheckExact(streams) || !PyDict_CheckExact(buffers)) {
+        Py_XDECREF(streams);
+        Py_XDECREF(buffers);
+        PyErr_Clear();
+        return bad("set_footprint needs an object with dicts streams and buffers");
+    }
+    Py_XSETREF(f->fp_streams, streams);
+    Py_XSETREF(f->fp_buffers, buffers);
+    Py_XSETREF(f->fp, Py_NewRef(fp));
+    Py_RETURN_NONE;
+}
+
 static PyObject *fast_stats(PyObject *self, void *unused) {
     FastLaunch *f = (FastLaunch *)self;
     return Py_BuildValue("(KK)", f->hits, f->declined);
@@ -277,6 +304,8 @@ static PyMethodDef fast_methods[] = {
      "set_read(handle_t, binding_t, small_reads, small_max, later, fail, create_future)"},
     {"empty", fast_empty, METH_O,
      "empty(size) -> a new Handle over a dropped slice, or None: the route takes it"},
+    {"set_footprint", fast_set_footprint, METH_O,
+     "set_footprint(fp): with the channel's Footprint, routes run ahead of other streams"},
     {"set_pointers", fast_set_pointers, METH_O,
      "set_pointers(fn): fn(binding) finds and caches an address not cached yet"},
     {"set_alloc", fast_set_alloc, METH_VARARGS,

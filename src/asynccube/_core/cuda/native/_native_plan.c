@@ -34,7 +34,9 @@ static int device_ready(FastLaunch *f, Refs *r) {
     return get(r, f->tls, N_CONTEXT) == f->context && cu.lib != NULL;
 }
 
-/* device_ready, called on the channel's loop, and its actor idle with nothing queued.
+/* device_ready, called on the channel's loop, and its actor idle with nothing queued,
+ * or (with a footprint) every queued command tracked and the actor not awaiting one:
+ * p->ahead, and clear_of() then checks the command's stream and buffers against them.
  * Unlike a command of the Python route, a launch taken here runs inline past the
  * channel's budget: it costs the caller about what queueing it would (the caller
  * holds the loop either way), and the actor would only spend more on it later. */
@@ -48,12 +50,29 @@ int channel_ready(FastLaunch *f, Refs *r, Plan *p) {
         PyObject *ok = keep(r, PyObject_CallNoArgs(f->on_loop));
         if (ok != Py_True) return 0;
     }
-    if ((o = get(r, c, N_WAKEUP)) == NULL || o == Py_None) return 0;
-    if ((o = get(r, c, N_QUEUE)) == NULL || PyObject_Length(o) != 0) return 0;
     if ((o = get(r, c, N_STOP)) == NULL || o != Py_False) return 0;
+    Py_ssize_t n = (o = get(r, c, N_QUEUE)) == NULL ? -1 : PyObject_Length(o);
+    if (n < 0) return 0;
+    if (n == 0) {
+        if ((o = get(r, c, N_WAKEUP)) == NULL || o == Py_None) return 0;
+    } else {
+        long queued;
+        if (f->fp == NULL || (o = get(r, c, N_BLOCKED)) == NULL || o != Py_False) return 0;
+        if ((o = get(r, f->fp, N_QUEUED)) == NULL || as_long(o, &queued) < 0 || queued != n)
+            return 0;
+        p->ahead = 1;
+    }
     if ((o = get(r, c, N_SCHEDULED)) == NULL) return 0;
     p->scheduled = o == Py_True;
     return 1;
+}
+
+int clear_of(FastLaunch *f, Refs *r, Plan *p, PyObject *const *mids, Py_ssize_t n) {
+    if (!p->ahead) return 1;
+    PyObject *value = get(r, p->sid, N_VALUE);
+    int hit = value == NULL ? -1 : PyDict_Contains(f->fp_streams, value);
+    for (Py_ssize_t i = 0; hit == 0 && i < n; i++) hit = PyDict_Contains(f->fp_buffers, mids[i]);
+    return hit == 0;
 }
 
 static int u32_of(PyObject *o, unsigned *out) {
@@ -194,7 +213,7 @@ static int own_slot(FastLaunch *f, Refs *r, Plan *p, PyObject *buffers, long *ow
             return 0;
         if (((v % m) + m) % m != *own) return 0;
     }
-    return wrapper_of(f, r, p, *own);
+    return clear_of(f, r, p, p->mids, p->n) && wrapper_of(f, r, p, *own);
 }
 
 int wrapper_of(FastLaunch *f, Refs *r, Plan *p, long own) {

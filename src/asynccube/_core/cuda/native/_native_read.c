@@ -6,8 +6,9 @@
  * one Handle or Binding of at most small_max bytes: the channel ready as for a launch,
  * no error held, the task's stream, a known address, the buffers last used on this
  * stream's slot, and a spare pinned buffer of that size. It queues the copy, then polls
- * the stream for up to SPIN_S (the copy is the stream's last work): done, the future is
- * resolved before it is returned, so awaiting it does not suspend; not done, later()
+ * the stream for up to SPIN_S (the copy is the stream's last work): done, the stream is
+ * marked done up to the read (as a sync marks it) and the future is resolved before it
+ * is returned, so awaiting it does not suspend; not done, later()
  * hands the copy to the completion watcher as the route would. None means nothing
  * changed and the Python route takes the read. */
 #include <stddef.h>
@@ -68,6 +69,16 @@ static PyObject *take_bytes(PyObject *spare, PyObject *buf, unsigned long long h
     return out;
 }
 
+/* The copy was the stream's last work and the stream reached it: as a completed sync
+ * would, record that the stream passed the read's cursor (p->stamp[1]), so the slices
+ * last used up to there are free at once when dropped (fast.empty reuses them). */
+static int mark_done(Refs *r, Plan *p) {
+    PyObject *done = get(r, p->wrapper, N_DONE), *cursor = PyTuple_GET_ITEM(p->stamp, 1);
+    if (done == NULL) return -1;
+    int behind = PyObject_RichCompareBool(done, cursor, Py_LT);
+    return behind <= 0 ? behind : set_attr(p->wrapper, N_DONE, cursor);
+}
+
 /* Queue the copy on the planned stream and settle (or hand over) the future. */
 static PyObject *issue(FastLaunch *f, Refs *r, Plan *p, PyObject *spare) {
     Py_ssize_t last = PyList_GET_SIZE(spare) - 1;
@@ -88,7 +99,8 @@ static PyObject *issue(FastLaunch *f, Refs *r, Plan *p, PyObject *spare) {
                                                       "cuMemcpyDtoHAsync"));
         res = exc == NULL ? NULL : PyObject_CallFunctionObjArgs(f->fail, fut, exc, NULL);
     } else if (spin(f->st_val) == 1) {
-        PyObject *value = keep(r, take_bytes(spare, buf, host, p->nbytes));
+        PyObject *value =
+            mark_done(r, p) < 0 ? NULL : keep(r, take_bytes(spare, buf, host, p->nbytes));
         res = value == NULL ? NULL : PyObject_CallMethod(fut, "set_result", "O", value);
     } else {
         PyObject *n = keep(r, PyLong_FromLong(p->nbytes));

@@ -18,6 +18,7 @@ __all__ = ["Allocator"]
 
 _MAX_RELEASED = 16  # more dropped at once: the route drains them
 _MAX_PENDING = 64  # more pending in the manager: the route releases them
+_MAX_CARRIED = 64  # more address entries kept for pending slices: start again
 _HANDLE_SLOTS = ("memory", "offset_start", "offset_end", "stream", "cursor", "buffer_size")
 
 
@@ -34,8 +35,9 @@ class Allocator:
     """What the twin's ``FastLaunch.set_alloc`` takes (its argument checks are the C
     module's), and ``empty``, run for that FastLaunch."""
 
-    __slots__ = ("created_at", "failed", "handle_t", "ids", "manager", "max_alloc",
-                 "mslices", "pending", "released", "slices", "token_t")  # fmt: skip
+    __slots__ = ("carried", "created_at", "failed", "handle_t", "ids", "manager",
+                 "max_alloc", "mslices", "pending", "released", "slices",
+                 "token_t")  # fmt: skip
 
     def __init__(self, handle_t: Any, token_t: Any, ids: Any, slices: Any, failed: Any,
                  released: Any, created_at: Any, manager: Any, mslices: Any, pending: Any,
@@ -56,6 +58,9 @@ class Allocator:
         self.failed, self.released, self.created_at = failed, released, created_at
         self.manager, self.mslices, self.pending = manager, mslices, pending
         self.max_alloc = max_alloc
+        self.carried: dict[int, tuple[Any, Any, Any, Any]] = {}
+        """Slice id -> (address entry, slice, page, offset) of a dropped slice the manager
+        got back, for a later handle that takes it while it is still that range."""
 
     def empty(self, fast: Any, size: Any) -> Any:
         """A new Handle over a dropped slice of ``size`` bytes, or None (see fast.py)."""
@@ -90,7 +95,8 @@ class Allocator:
             plan.pending = self._pending_fit(size, pool)
         if plan.match < 0 and plan.pending is None:
             return None
-        return plan if fast._wrapper_of(p, p.sid.value % fast.max_streams) else None
+        own = p.sid.value % fast.max_streams
+        return plan if fast._clear_of(p, ()) and fast._wrapper_of(p, own) else None
 
     def _pool_for(self, size: int) -> Any:
         """The pool a reservation of ``size`` goes to (None: the persistent mode)."""
@@ -142,10 +148,13 @@ class Allocator:
             self.created_at.pop(sid, None)
             if i == plan.match:
                 memory, entry = mem, ent
+            else:
+                self._carry(mem, ent)
         manager = self.manager
         if plan.pending is not None:  # reserved again under a new token
             self.pending.remove(plan.pending)
             memory = self.token_t(plan.pending, manager.queue)
+            entry = self._carried(plan.pending, size)  # its address, where still valid
         p = plan.launch
         p.mids = []
         stamp = fast._commit(p)
@@ -160,6 +169,31 @@ class Allocator:
         if n >= manager._next_check:  # as reserve: every tick's calls, the pools' policy
             manager._periodic_cleanup(n)
         return handle
+
+    def _carry(self, memory: Any, entry: Any) -> None:
+        """Keep the address entry of a dropped slice the manager gets back (pending),
+        with the slice's range (as ``_native_alloc.c``'s ``carry``)."""
+        if memory is None or entry is None or type(memory) is not self.token_t:
+            return
+        token: Any = memory
+        slice_id = token.id
+        sl = self.mslices.get(slice_id)
+        if sl is None:
+            return
+        if len(self.carried) >= _MAX_CARRIED:
+            self.carried.clear()
+        self.carried[slice_id] = (entry, sl, sl.page, sl.offset)
+
+    def _carried(self, slice_id: int, size: int) -> Any:
+        """The address entry kept for slice ``slice_id`` if it is still the range it was
+        and covers ``size`` bytes, else None."""
+        kept = self.carried.pop(slice_id, None)
+        if kept is None:
+            return None
+        entry, sl, page, offset = kept
+        if self.mslices.get(slice_id) is not sl or sl.page is not page or sl.offset != offset:
+            return None
+        return entry if entry[1] == size else None
 
 
 def _has_slot(t: type, name: str) -> bool:

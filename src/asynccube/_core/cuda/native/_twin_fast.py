@@ -25,9 +25,13 @@ _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 
 class _Plan:
-    __slots__ = ("function", "grid", "meta", "mids", "nbytes", "pack", "ptrs", "scalar",
-                 "shape", "sid", "stream", "wrapper")  # fmt: skip
+    __slots__ = ("ahead", "function", "grid", "meta", "mids", "nbytes", "pack", "ptrs",
+                 "scalar", "shape", "sid", "stream", "wrapper")  # fmt: skip
 
+    def __init__(self) -> None:
+        self.ahead = False  # commands are queued: only those of other streams and buffers
+
+    ahead: bool
     function: Any
     grid: tuple[int, int, int]
     meta: Any
@@ -46,9 +50,9 @@ class FastLaunch:
     """``FastLaunch(...)(kernel, count, bindings, mode) -> bool`` (see :mod:`.fast`)."""
 
     __slots__ = (
-        "_allocator", "_declined", "_hits", "_q_declined", "_q_hits", "addresses", "binding_t",
-        "bindings_t", "call_soon", "channel", "checked", "context", "count_t", "create_future",
-        "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
+        "_allocator", "_declined", "_footprint", "_hits", "_q_declined", "_q_hits", "addresses",
+        "binding_t", "bindings_t", "call_soon", "channel", "checked", "context", "count_t",
+        "create_future", "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
         "handle_t", "hold", "kernel_t", "kernels", "last_use", "later", "loop",
         "max_streams", "mode_t", "on_loop", "open_state", "owned", "packs", "pinned", "ptr_miss",
         "recorder", "slots", "small_max", "small_reads", "table", "task_arg", "task_fn",
@@ -73,6 +77,18 @@ class FastLaunch:
         self.small_reads: Any = None
         self.ptr_miss: Any = None
         self._allocator: Allocator | None = None
+        self._footprint: Any = None
+
+    def set_footprint(self, footprint: Any) -> None:
+        """The channel's ``Footprint`` (``channel/footprint.py``): with it, a route is
+        taken while commands are queued, when all are tracked and none is on the
+        command's stream or binds its buffers (see ``_native_plan.c``)."""
+        from ...errors import InvalidArgument
+
+        streams, buffers = (getattr(footprint, n, None) for n in ("streams", "buffers"))
+        if type(streams) is not dict or type(buffers) is not dict:
+            raise InvalidArgument("set_footprint needs an object with dicts streams and buffers")
+        self._footprint = footprint
 
     def set_alloc(self, *args: Any) -> None:
         """What :meth:`empty` needs (see ``_native_alloc.c``)."""
@@ -121,8 +137,7 @@ class FastLaunch:
         if p is None or type(spare) is not list or not spare:
             self._declined += 1
             return None
-        self._commit(p)
-        fut = self._issue(p, spare)
+        fut = self._issue(p, spare, self._commit(p)[1])
         self.channel.ran_inline()  # as _native_fast.c's after()
         self._hits += 1
         return fut
@@ -141,7 +156,7 @@ class FastLaunch:
         p.stream = p.wrapper.stream
         return p
 
-    def _issue(self, p: _Plan, spare: list[Any]) -> Any:
+    def _issue(self, p: _Plan, spare: list[Any], cursor: int) -> Any:
         buf = spare.pop()
         host = buf.ptr
         fut = self.create_future()
@@ -150,6 +165,9 @@ class FastLaunch:
             spare.append(buf)
             self.fail(fut, self.error_from(err, "cuMemcpyDtoHAsync"))
         elif _spin(p.stream) == 1:
+            # the copy was the stream's last work: marked done up to it, as a sync marks it
+            if p.wrapper.done < cursor:
+                p.wrapper.done = cursor
             data = [ctypes.string_at(host, p.nbytes)]
             if len(spare) < 4:
                 spare.append(buf)
@@ -267,7 +285,27 @@ class FastLaunch:
         ):
             return False
         c = self.channel
-        return c._wakeup is not None and len(c._queue) == 0 and c._stop is False
+        if c._stop is not False:
+            return False
+        n = len(c._queue)
+        if n == 0:
+            return c._wakeup is not None
+        fp = self._footprint
+        if fp is None or c._blocked is not False or fp.queued != n:
+            return False
+        p.ahead = True  # every queued command tracked: checked against its slot and buffers
+        return True
+
+    def _clear_of(self, p: _Plan, mids: Any) -> bool:
+        """Nothing queued is on the stream ``p.sid`` or binds one of ``mids`` (when
+        commands are queued)."""
+        if not p.ahead:
+            return True
+        fp = self._footprint
+        if p.sid.value in fp.streams:
+            return False
+        buffers = fp.buffers
+        return not any(m in buffers for m in mids)
 
     def _stream_of(self, p: _Plan) -> bool:
         pinned = self.pinned.get()
@@ -336,7 +374,7 @@ class FastLaunch:
             origin = last_use.get(mid)
             if (b.stream if origin is None else origin[0]).value % m != own:
                 return False
-        return self._wrapper_of(p, own)
+        return self._clear_of(p, p.mids) and self._wrapper_of(p, own)
 
     def _wrapper_of(self, p: _Plan, own: int) -> bool:
         p.wrapper = self.slots[own]
