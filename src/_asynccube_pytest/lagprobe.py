@@ -235,6 +235,12 @@ def detach_steps(loop: asyncio.AbstractEventLoop, sink: StepSink) -> None:
 
 
 def _timed_run(self: events.Handle) -> None:
+    """``Handle._run`` timed for the loop's sinks. Like asyncio's own, it lets go of the
+    handle before it returns: from Python 3.12 a coroutine that ends in this step keeps
+    the frames below it (``f_back``) for as long as its own frame is kept, by an error's
+    traceback say; this frame holding the handle would keep the handle's arguments (the
+    future whose error that is: a cycle only the collector breaks, and with it the
+    buffers the traceback's frames hold)."""
     sinks = _sinks.get(self._loop)  # type: ignore[attr-defined]
     if sinks is None:
         _original_run(self)
@@ -252,6 +258,7 @@ def _timed_run(self: events.Handle) -> None:
         finally:
             for sink, mark in zip(reversed(sinks), reversed(marks), strict=True):
                 sink.end(self, mark)
+    del self  # see above (asyncio's Handle._run drops its own the same way)
 
 
 class TrioSteps:
