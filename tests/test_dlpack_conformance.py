@@ -558,9 +558,14 @@ async def test_cuda_export_after_a_first_launch(anyio_backend: str, lib: str) ->
             .with_scalar(np.uint32, [n])
         )
         client.execute(kernel, blocks(n), bindings)  # its compile runs in a worker thread
-        array = _lib(lib).from_dlpack(t)  # not refused, the loop not blocked
-        await client.sync()  # the loop issues the launch; the consumer's stream waits
+        with pytest.raises(ac.DLPackError, match="compiled and loaded"):  # (the load
+            _lib(lib).from_dlpack(t)  # synchronizes the device: a waiting consumer would hold it)
+        await client.sync()
+        array = _lib(lib).from_dlpack(t)
         np.testing.assert_array_equal(_to_numpy(lib, array), 4.0)
+        client.execute(kernel, blocks(n), bindings)  # loaded now: ordered, not refused
+        array = _lib(lib).from_dlpack(t)
+        np.testing.assert_array_equal(_to_numpy(lib, array), 16.0)
 
 
 @pytest.mark.cuda

@@ -194,22 +194,25 @@ async def _dlpack_off_loop(t: ac.Tensor, n: int) -> np.ndarray[Any, Any]:
     return out
 
 
-async def test_export_behind_a_first_compile_is_ordered_not_refused() -> None:
+async def test_export_behind_a_first_compile_is_refused_with_the_reason() -> None:
+    """An export behind a kernel's first launch (compiled and loaded in a worker thread)
+    is refused at once, saying why: loading a module synchronizes the device, so a
+    consumer's stream made to wait for the launch would hold the load (measured on an
+    H200: such a wait held the load until the gate's watchdog, and the consumer read
+    the bytes from before the launch). After one awaited call it is exported."""
     async with ac.open_client("cuda:0") as client:
         n = 1 << 10
         t = client.create_array(np.ones(n, np.float32))
-        fresh = ac.Kernel("interop_fresh_scale", cuda=SCALE.cuda)  # not compiled yet
-        client.execute(fresh, blocks(n), _scale(t, 2.0, n))  # waits on its compile
-        # The consumer's stream waits on the device for a gate the launch's stream
-        # opens once the actor issued it: no refusal, nothing blocks the loop.
-        np.testing.assert_array_equal(await _dlpack_off_loop(t, n), 2.0)
-        t2 = client.create_array(np.ones(n, np.float32))
-        fresh2 = ac.Kernel("interop_fresh_scale_2", cuda=SCALE.cuda)
-        client.execute(fresh2, blocks(n), _scale(t2, 5.0, n))
-        cai = t2.__cuda_array_interface__  # its stream waits for the gate
-        assert cai["stream"] not in (None, 0)
+        fresh = ac.Kernel("interop_fresh_scale", cuda=SCALE.cuda)  # not loaded yet
+        client.execute(fresh, blocks(n), _scale(t, 2.0, n))  # waits on its load
+        with pytest.raises(ac.DLPackError, match="compiled and loaded"):
+            t.__dlpack__(stream=1)
+        with pytest.raises(ac.DLPackError, match="compiled and loaded"):
+            t.__cuda_array_interface__  # noqa: B018
         await client.sync()
-        np.testing.assert_array_equal(await client.read_array(t2), 5.0)
+        np.testing.assert_array_equal(await _dlpack_off_loop(t, n), 2.0)
+        client.execute(fresh, blocks(n), _scale(t, 2.0, n))  # loaded: nothing to wait on
+        np.testing.assert_array_equal(await _dlpack_off_loop(t, n), 4.0)
 
 
 def _dlpack_consumers() -> list[Any]:

@@ -9,7 +9,9 @@ memory that outlives the client, and ordering after work not issued yet.
   own) when the last lease goes. The DLPack contract: the memory stays valid until
   the consumer calls the deleter, whatever the producer's owner does.
 * :class:`Gates` order a consumer's stream after work that the channel has not issued
-  yet (a launch whose kernel compiles in a worker thread): the consumer's stream waits
+  yet (a command behind a worker-thread job: a staged copy, a dynamic count; not a
+  kernel's first load, which synchronizes the device and so would wait for the
+  consumer's stream: such an export is refused, see ``interop.py``): the consumer's stream waits
   on the device (``cuStreamWaitValue32``, greater-or-equal) for a 32-bit word of mapped
   pinned memory, and asynccube's stream writes it (``cuStreamWriteValue32``) once the
   queued work is issued; nothing is refused, nothing blocks. A gate its command never

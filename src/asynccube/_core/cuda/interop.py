@@ -59,6 +59,7 @@ class InteropOps(ServerCore):
         the channel must precede (a launch behind a compile): the consumer's stream
         waits on the device for a gate (None for ``stream=-1``) that
         :meth:`open_gate`, queued after them, opens. Nothing waits on the host."""
+        self._refuse_behind_a_load()
         ptr = self._queued_ptr(binding)
         lease = self._lease(binding)
         if consumer is None:
@@ -71,12 +72,27 @@ class InteropOps(ServerCore):
         """``__cuda_array_interface__``'s address and stream for a buffer that commands
         still queued in the channel must precede: the stream handed to the consumer is
         the server's export stream, made to wait for a gate :meth:`open_gate` opens."""
+        self._refuse_behind_a_load()
         ptr = self._queued_ptr(binding)
         if self._export_stream is None:
             flags = int(cu().CUstream_flags.CU_STREAM_NON_BLOCKING)
             self._export_stream = check(cu().cuStreamCreate(flags), "cuStreamCreate(export)")
             self._backend.created.append(self._export_stream)
         return ptr, int(self._export_stream), self._gates.wait(self._export_stream)
+
+    def _refuse_behind_a_load(self) -> None:
+        """DLPackError while a kernel is compiled and loaded in a worker thread: loading
+        a module synchronizes the device, so a consumer's stream made to wait on the
+        device for the launch behind it would hold the load, and the load the launch
+        (measured on an H200: every such gate stayed closed until its watchdog)."""
+        if self._loads[0] != self._loads[1]:
+            raise DLPackError(
+                "cannot export this tensor yet: a kernel launched before this export is "
+                "still being compiled and loaded in a worker thread (its first launch), "
+                "and the driver synchronizes the device to load it, so a consumer made to "
+                "wait for that launch would deadlock; `await client.sync()` (or any "
+                "awaited call) once after a kernel's first launch, then export"
+            )
 
     def _queued_ptr(self, binding: Binding) -> int:
         """The address of ``binding``, or DLPackError where its buffer has none yet:

@@ -55,7 +55,8 @@ class LaunchOps(ProfileOps):
             return None  # the usual case: loaded, static count
         jobs: list[Callable[[], object]] = []
         if kernel.cuda is not None and kernel.id not in self._kernels:
-            jobs.append(lambda: self._load(kernel))
+            jobs.append(lambda: self._load_counted(kernel))
+            self._loads[0] += 1  # until the job ran (an export must not wait on it)
         if count is not None and count.binding is not None and stream is not None:
             try:
                 jobs.append(self._prefetch_count(count, stream))
@@ -90,6 +91,13 @@ class LaunchOps(ProfileOps):
             self._events.give(event)
 
         return wait
+
+    def _load_counted(self, kernel: Kernel) -> None:
+        """:meth:`_load` in the job thread, counted in ``_loads`` until it ends."""
+        try:
+            self._load(kernel)
+        finally:
+            self._loads[1] += 1
 
     def _load(self, kernel: Kernel) -> LoadedKernel:
         self._ctx.make_current()

@@ -135,6 +135,9 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps, ForeignOps):
         self._packer = ArgPacker()
         self._compiler = KernelCompiler(cache_dir=cache_dir)
         self._kernels: dict[str, LoadedKernel] = {}
+        # Kernel loads queued for a worker thread, and those it finished (one writer each:
+        # the loop's thread, the worker); unequal while a load is queued or running.
+        self._loads = [0, 0]
         self._counts: dict[int, tuple[int, int, int]] = {}
         self._staged: dict[int, tuple[int, object]] = {}
         self._addresses: dict[int, tuple[int, int]] = {}

@@ -82,6 +82,7 @@ class ServerCore(SliceServer[SliceHandle]):
     _packer: ArgPacker
     _compiler: KernelCompiler
     _kernels: dict[str, LoadedKernel]
+    _loads: list[int]
     _counts: dict[int, tuple[int, int, int]]
     _staged: dict[int, tuple[int, object]]
     _addresses: dict[int, tuple[int, int]]
