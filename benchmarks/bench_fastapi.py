@@ -40,6 +40,9 @@ from bench_service import _first_line, _has_uvloop, _stop, _wrong, apply_load, c
 
 HERE = Path(__file__).resolve().parent
 PEERS = "asynccube,starlette,numpy_loop,echo"
+QUICK = {"clients": 16, "procs": 2, "seconds": 2.0, "warmup": 0.5, "runs": 1}
+FULL = {"clients": 64, "procs": 4, "seconds": 3.0, "warmup": 1.0, "runs": 3}
+"""The load's defaults, with ``--quick`` and without (an option given wins)."""
 START_S = 2.5
 """Seconds a run spends outside its warm-up and window (uvicorn and the app start, stop)."""
 
@@ -149,9 +152,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loops", default="asyncio,uvloop")
     p.add_argument("--peers", default=PEERS, help=f"services (default {PEERS})")
     p.add_argument("--http", default="auto", choices=("auto", "h11", "httptools"),
-                   help="uvicorn's HTTP implementation (auto: httptools where installed)")  # fmt: skip
+                   help="uvicorn's HTTP parser (auto: httptools where installed)")  # fmt: skip
     p.add_argument("--quick", action="store_true",
-                   help="1 run, 2 s measured, 0.5 s warm-up, 16 clients from 2 processes")  # fmt: skip
+                   help="1 run, 2 s measured, 0.5 s warm-up, 16 clients, 2 processes")  # fmt: skip
     p.add_argument("--clients", type=int)
     p.add_argument("--procs", type=int)
     p.add_argument("--seconds", type=float)
@@ -159,8 +162,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int)
     p.add_argument("--json-only", action="store_true", help="print the figures, write nothing")
     args = p.parse_args(argv)
-    defaults = (dict(clients=16, procs=2, seconds=2.0, warmup=0.5, runs=1) if args.quick
-                else dict(clients=64, procs=4, seconds=3.0, warmup=1.0, runs=3))  # fmt: skip
+    defaults = QUICK if args.quick else FULL
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
