@@ -105,7 +105,7 @@ def render(by_loop: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         echo = peers.get("echo", {}).get("requests_per_s")
         for peer, r in peers.items():
             if "skipped" in r:
-                rows.append([loop, peer, "skipped", *["-"] * 6, r["skipped"][:90]])
+                rows.append([loop, peer, "skipped", *["-"] * 5, r["skipped"][:90]])
                 continue
             ratio = f"{r['requests_per_s'] / echo:.2f}x" if echo else "-"
             lag = "/".join(_ms(r[k]) for k in ("loop_lag_p50_ms", "loop_lag_p99_ms",
