@@ -16,7 +16,7 @@ figures over the measured window (lag p50/p99/max, the worst step and its culpri
 requests/s against the echo floor. With ``--runs N`` each service runs N times, round
 after round; the run of median requests/s is reported, with the spread.
 
-    python benchmarks/bench_fastapi.py --device host --quick   # host server, ~30 s
+    python benchmarks/bench_fastapi.py --device host --quick   # host server, ~20 s
     python benchmarks/bench_fastapi.py --device cuda:0          # GPU machine, ~2.5 min
 
 Needs fastapi, uvicorn and aiohttp (the load), uvloop where available. Writes
