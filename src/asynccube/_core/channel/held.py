@@ -132,10 +132,11 @@ class HeldErrors:
                     break
             else:
                 return False
-            failure, parent = carried
-            record = failure.record(kernel, memory_id, parent)
-            for target in written:
-                if target not in tainted:  # one carrying a failure keeps its own
+            targets = [t for t in written if t not in tainted]  # the others keep theirs
+            if targets:
+                failure, parent = carried
+                record = failure.record(kernel, memory_id, parent)
+                for target in targets:
                     self._carry(target, failure, record)
         return True
 
@@ -159,11 +160,12 @@ class HeldErrors:
         tainted = self._tainted
         if not tainted:
             return None
-        for memory_id in ids:
-            carried = tainted.get(memory_id)
-            if carried is not None:
-                failure, record = carried
-                return carried_error(failure.kind, failure.describe(memory_id, record))
+        with self._lock:  # a worker may be adding to the failure's skip records
+            for memory_id in ids:
+                carried = tainted.get(memory_id)
+                if carried is not None:
+                    failure, record = carried
+                    return carried_error(failure.kind, failure.describe(memory_id, record))
         return None
 
     def failures(self) -> int:
