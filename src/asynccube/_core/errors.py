@@ -85,9 +85,13 @@ class InvalidHandle(IoError):
 
 
 class TaintedBuffer(IoError):
-    """A read of a buffer whose last writer failed: the bytes there are not what any
-    successful command wrote. The message names the failed command and its error (raised
-    on its own stream). A later successful write to the buffer clears this."""
+    """A read of a buffer whose last writer failed, or that a launch skipped because of
+    such a failure would have written: the bytes there are not what any successful
+    command wrote. The message names the failed command and its error (raised on its
+    own stream), and the skipped kernels from it to the buffer, in order; the error is
+    also of the failed command's error type when that is one of asynccube's (a
+    ``TaintedExecutionError`` is an :class:`ExecutionError`). A later successful write
+    to the buffer clears this."""
 
 
 _CARRIED: dict[type[BaseException], type[TaintedBuffer]] = {}

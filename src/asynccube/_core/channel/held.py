@@ -241,16 +241,19 @@ class Failure:
                 break
             kernel, needed, record = step
             path.append(f"skipped `{kernel}`: it needed memory {needed}, which carried the failure")
+        fix = (
+            "Write it again (client.write) before reading it or binding it to a launch "
+            "(a launch binding it is skipped)"
+        )
         if not path:
             return (
                 f"buffer {memory_id} was last written by a command that failed ({self.why}); "
-                "its bytes are not what any successful command wrote. Write it again "
-                "(client.write, or a kernel that succeeds) before reading it"
+                f"its bytes are not what any successful command wrote. {fix}"
             )
         return (
             f"buffer {memory_id} carries the failure of a command that failed ({self.why}): "
             f"{'; '.join(reversed(path))}. Its bytes are not what any successful command "
-            "wrote: fix the failed command, or write the buffer again, before reading it"
+            f"wrote. {fix}"
         )
 
 
