@@ -278,3 +278,23 @@ async def _check(client: ac.ComputeClient, bufs: list[ac.Handle], oracle: _Oracl
         assert re.search(rf"prop_fail_{root}\b", text), text  # the root's type and name
         if oracle.records[root] <= SKIP_RECORDS:
             assert re.findall(r"skipped `([^`]+)`", text) == oracle.paths[buf], text
+
+
+# -- the error a carrier's read raises ---------------------------------------------------
+
+
+def test_a_carried_error_is_of_the_roots_type_and_pickles() -> None:
+    import pickle
+
+    from asynccube._core.errors import CudaDriverError, carried_error
+
+    for root in (ac.ExecutionError, ac.BufferTooBig, ac.InvalidArgument, CudaDriverError):
+        error = carried_error(root, f"buffer 1 carries a {root.__name__}")
+        assert isinstance(error, ac.TaintedBuffer) and isinstance(error, root)
+        assert str(error) == f"buffer 1 carries a {root.__name__}"
+        assert type(error).__module__ == "asynccube"
+        assert type(error) is type(carried_error(root, "again"))  # one class per root
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+    for root in (RuntimeError, ac.TaintedBuffer):  # not asynccube's, or a taint already
+        assert type(carried_error(root, "x")) is ac.TaintedBuffer
