@@ -62,6 +62,12 @@ class Setup:
         hits, declined = fast.stats
         return int(hits), int(declined)
 
+    def rewrite(self) -> None:
+        """Write the three buffers again: a failed launch left them carrying its failure
+        (a launch binding one would be skipped)."""
+        zeros = bytes(4 * N)
+        self.client.write([(h.copy_descriptor((N,), (1,), 4), zeros) for h in self.handles])
+
     def writing_to(self, out: ac.Handle) -> ac.Bindings:
         """The add kernel's bindings with ``out`` as its output buffer."""
         b = ac.Bindings().with_buffers([*self.bindings.buffers[:2], out.binding()])
@@ -120,6 +126,7 @@ async def scalar_dtype() -> None:
             raised = exc
         if raised is None or "[8, 8, 8, 8]" not in str(raised):
             raise AssertionError(f"an 8-byte scalar for a 4-byte one was not raised: {raised!r}")
+        s.rewrite()
     assert s.stats == (hits, d0 + 2), s.stats
     s.client.execute(ADD, s.count, same)  # a new signature: the route checks it
     s.client.execute(ADD, s.count, same)
@@ -175,7 +182,7 @@ async def new_task() -> None:
 
 async def launch_error() -> None:
     """A failed cuLaunchKernel is held for the stream, raised by the next awaited
-    command, and the client keeps serving."""
+    command, taints the launch's buffers, and the client keeps serving."""
     s = await Setup().ready()
     bad = ac.CubeCount(777)
     s.client.execute(ADD, bad, s.bindings, U)
@@ -187,6 +194,14 @@ async def launch_error() -> None:
         raised = exc
     if raised is None or "cuLaunchKernel(fl_add)" not in str(raised):
         raise AssertionError(f"the failed launch was not raised: {raised!r}")
+    try:  # its buffers carry the failure (issue 40), raised with the root's type
+        await s.client.read([s.handles[2]])
+    except ac.DeviceError as exc:
+        if not isinstance(exc, ac.TaintedBuffer) or "cuLaunchKernel(fl_add)" not in str(exc):
+            raise
+    else:
+        raise AssertionError("the failed launch left its buffers untainted")
+    s.rewrite()  # else the next launch is skipped
     s.client.execute(ADD, s.count, s.bindings, U)
     await s.client.sync()
     assert s.stats[0] == hits + 1, s.stats
@@ -285,6 +300,7 @@ async def read_declined() -> None:
         raised = exc
     assert raised is not None and "cuLaunchKernel" in str(raised), raised
     assert s.stats == (hits + 1, d0 + 1), s.stats  # the launch taken, the read declined
+    s.rewrite()  # the failed launch's buffers carry its failure (issue 40)
 
     async def other() -> None:
         s.client.execute(ADD, s.count, s.bindings, U)

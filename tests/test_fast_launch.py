@@ -29,6 +29,7 @@ SCENARIOS = {
         "closed",
     ),
     "fast_exclusive_scenario.py": ("exclusive_held", "exclusive_own"),
+    "fast_propagate_scenario.py": ("propagate_skipped", "propagate_before_compile"),
     "fast_ahead_scenario.py": (
         "ahead_taken", "ahead_declined", "ahead_untracked", "ahead_write", "ahead_concurrent",
     ),

@@ -85,9 +85,47 @@ class InvalidHandle(IoError):
 
 
 class TaintedBuffer(IoError):
-    """A read of a buffer whose last writer failed: the bytes there are not what any
-    successful command wrote. The message names the failed command and its error (raised
-    on its own stream). A later successful write to the buffer clears this."""
+    """A read of a buffer whose last writer failed, or that a launch skipped because of
+    such a failure would have written: the bytes there are not what any successful
+    command wrote. The message names the failed command and its error (raised on its
+    own stream), and the skipped kernels from it to the buffer, in order; the error is
+    also of the failed command's error type when that is one of asynccube's (a
+    ``TaintedExecutionError`` is an :class:`ExecutionError`). A later successful write
+    to the buffer clears this."""
+
+
+_CARRIED: dict[type[BaseException], type[TaintedBuffer]] = {}
+"""Root error type -> the class a read of a buffer carrying its failure raises."""
+
+
+def carried_error(root: type[BaseException], message: str) -> TaintedBuffer:
+    """The error a read of a buffer carrying a failure raises (see the errors guide):
+    a :class:`TaintedBuffer` that is also of the root error's type when that is one of
+    asynccube's (``except ExecutionError`` catches a failure that propagated from a
+    kernel that raised), and a plain :class:`TaintedBuffer` otherwise."""
+    if not issubclass(root, AsyncCubeError) or issubclass(root, TaintedBuffer):
+        return TaintedBuffer(message)
+    cls = _CARRIED.get(root)
+    if cls is None:
+        cls = _CARRIED[root] = _carried_class(root)
+    return cls(message)
+
+
+def _carried_class(root: type[AsyncCubeError]) -> type[TaintedBuffer]:
+    def init(self: TaintedBuffer, message: str) -> None:
+        Exception.__init__(self, message)  # not the root's: it may take other arguments
+
+    def reduce(self: TaintedBuffer) -> tuple[object, ...]:
+        return (carried_error, (root, str(self)))
+
+    doc = f"A read of a buffer carrying the failure of a {root.__name__}."
+    namespace = {"__init__": init, "__reduce__": reduce, "__doc__": doc}
+    try:
+        cls = type(f"Tainted{root.__name__}", (TaintedBuffer, root), namespace)
+    except TypeError:  # layouts that cannot be combined: the message names the root
+        return TaintedBuffer
+    cls.__module__ = "asynccube"
+    return cls
 
 
 class Unknown(IoError):

@@ -1,7 +1,9 @@
 """The execution part of a client: the actor's half of ``execute``. A launch the hot
 path declined is offered to it once more on the actor; a kernel not yet loaded is
 prepared (compiled, loaded) in a worker thread first; then the server fires it, and a
-failure is held for the stream with the launch's buffers tainted."""
+failure is held for the stream with the launch's buffers tainted. A launch binding a
+buffer that carries a failure is skipped, its buffers carrying it too (on a server whose
+failures are known at the call: the host server's workers do the same as they run)."""
 
 from __future__ import annotations
 
@@ -50,6 +52,13 @@ class Launcher:
         in_actor = fast is not None and self._channel.in_actor()
         if in_actor and fast.queued(kernel, count, bindings, mode, stream):
             return None
+        channel = self._channel
+        if (
+            channel._held._tainted
+            and channel._clears_at_call
+            and _skipped(channel, kernel, count, bindings)
+        ):
+            return None
         prepare = self._prepare
         if prepare is None or (count.binding is None and kernel.id in self._loaded):
             job = None
@@ -61,7 +70,6 @@ class Launcher:
             return self._dispatch.after(
                 job, stream, fire, stream, written, execute, kernel, count, bindings, mode
             )
-        channel = self._channel
         try:  # Channel.fire_writing, inlined: one frame less per launch
             self._server.execute(kernel, count, bindings, mode, stream)
         except BaseException as exc:
@@ -71,6 +79,15 @@ class Launcher:
         if channel._clears_at_call and channel._held._tainted:
             channel._held.clear(b.memory.id for b in _written(bindings))
         return None
+
+
+def _skipped(channel: Channel, kernel: Kernel, count: CubeCount, bindings: Bindings) -> bool:
+    """Whether the launch is skipped: one of its buffers carries a failure (its written
+    buffers carry it too then). For a server whose failures are known when a command is
+    issued (CUDA); the host server's workers decide as the launch would run."""
+    written = [b.memory.id for b in _written(bindings)]
+    bound = written if count.binding is None else [*written, count.binding.memory.id]
+    return channel._held.skip(kernel.id, bound, written)
 
 
 def _written(bindings: Bindings) -> list[Binding]:

@@ -31,7 +31,8 @@ without surprises:
 
 It then moves the stream's cursor and stamps the buffers, as ``MultiStream.resolve``
 does, fills the argument block and calls ``cuLaunchKernel``; a failure from there on
-is held for the stream through ``Channel.hold``, as ``_execute`` holds it. Anything
+is held for the stream through ``Channel.hold`` and taints the launch's buffers, as
+``Launcher.launch`` does (:func:`_hold_launch`). Anything
 else returns False before any state changed, and the caller takes the Python route,
 which handles the rest (and raises what it raises). ``stats`` counts both outcomes.
 
@@ -106,12 +107,13 @@ def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
     else:  # trio's adapter: the backend says whether we are on its run
         on_loop, task_fn, task_arg = channel.backend.on_loop, stream_id.current_task, None
     streams = server._streams
+    hold = functools.partial(_hold_launch, channel)
     fast = hot.FastLaunch(
         channel, loop, State.OPEN, asyncio._get_running_loop, on_loop, task_fn, task_arg,
         stream_id._pinned, stream_id._owned, Kernel, CubeCount, Bindings, ExecutionMode,
         ExecutionMode.CHECKED, server._kernels, server._addresses, server._table,
         server._packer._packs, streams.last_use, streams.streams.slots, server.recorder,
-        channel.hold, error_from, channel._end_inline_batch, loop.call_soon, channel._wake,
+        hold, error_from, channel._end_inline_batch, loop.call_soon, channel._wake,
         driver._tls, server._ctx.context, stream_id.StreamId.current, streams.streams.get_index,
         streams.max_streams,
     )  # fmt: skip
@@ -126,6 +128,15 @@ def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
         server.properties.max_allocation,
     )  # fmt: skip
     return fast
+
+
+def _hold_launch(
+    channel: Channel, sid: StreamId, exc: BaseException, mids: tuple[int, ...]
+) -> None:
+    """A launch the route issued failed: hold ``exc`` for ``sid`` and taint its buffers
+    (memory ids ``mids``), as the Python route does (called by the route, both hot paths)."""
+    channel.hold(sid, exc)
+    channel._held.taint(mids, exc)
 
 
 def _read_later(

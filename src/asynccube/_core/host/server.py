@@ -301,8 +301,10 @@ class HostServer(HostForeign, SliceServer[_Bound]):
             run = recorded(run, recorder, kernel.id, stream.value, "kernel", None)
         written = [b.memory.id for b in bindings.buffers]
         written += [t.binding.memory.id for t in bindings.tensor_maps]
+        bound = written if count.binding is None else [*written, count.binding.memory.id]
         what = f"kernel {kernel.id!r}"
-        target.submit(guarded(run, self.held_errors, stream, what, written))
+        launch = (kernel.id, bound)  # skipped if one carries a failure, as it would run
+        target.submit(guarded(run, self.held_errors, stream, what, written, launch))
 
     def flush(self, stream: StreamId) -> None:
         """Hand the stream's buffered tasks to its worker."""

@@ -28,14 +28,19 @@ def guarded(
     stream: StreamId,
     what: str,
     written: Sequence[int] = (),
+    launch: tuple[str, Sequence[int]] | None = None,
 ) -> Callable[[], None]:
     """``fn`` as a worker task whose error is held for the logical ``stream``; the
     buffers it writes (memory ids ``written``) are tainted if it fails, and their taints
     cleared if it succeeds. Whatever ``fn`` raises, a ``BaseException`` such as
     ``SystemExit`` or ``KeyboardInterrupt`` included, fails the command, never the
-    worker thread (see :func:`wrapped`)."""
+    worker thread (see :func:`wrapped`). A kernel's launch (``launch``: its id, and the
+    memory ids it binds) is skipped when one of those carries a failure, as it would
+    run: ``written`` carry it then (:meth:`~..channel.held.HeldErrors.skip`)."""
 
     def task() -> None:
+        if launch is not None and held._tainted and held.skip(launch[0], launch[1], written):
+            return
         try:
             fn()
         except AsyncCubeError as exc:

@@ -11,7 +11,7 @@
  * every buffer last used on this stream's slot. Anything else returns False before any
  * state changes, and the caller takes the Python route, which handles (and raises) the
  * rest. After the bookkeeping (cursor, last-use stamps) an error is held for the stream
- * through channel.hold, as the Python route's _execute does. */
+ * and the launch's buffers tainted (fast.py's _hold_launch), as the Python route does. */
 #include <stddef.h>
 
 #include "_native.h"
@@ -115,13 +115,19 @@ int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o) {
     return 0;
 }
 
-/* Hold the raised exception for the stream, as Channel.hold does for _execute. */
-static int hold_raised(FastLaunch *f, PyObject *sid) {
+/* Hold the raised exception for the stream and taint the launch's buffers (memory ids
+ * p->mids), as the Python route's Launcher.launch does: hold(sid, exc, mids). */
+static int hold_raised(FastLaunch *f, Plan *p) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     if (tb != NULL) PyException_SetTraceback(value, tb);
-    PyObject *res = value == NULL ? NULL : PyObject_CallFunctionObjArgs(f->hold, sid, value, NULL);
+    PyObject *mids = value == NULL ? NULL : PyTuple_New(p->n), *res = NULL;
+    if (mids != NULL) {
+        for (Py_ssize_t i = 0; i < p->n; i++) PyTuple_SET_ITEM(mids, i, Py_NewRef(p->mids[i]));
+        res = PyObject_CallFunctionObjArgs(f->hold, p->sid, value, mids, NULL);
+        Py_DECREF(mids);
+    }
     Py_XDECREF(type);
     Py_XDECREF(value);
     Py_XDECREF(tb);
@@ -173,7 +179,7 @@ static int run(FastLaunch *f, Plan *p) {
     if (!(p->grid[0] && p->grid[1] && p->grid[2])) return 0;
     if (fill(p->pack, p) < 0 || cached_handle(&f->fn_obj, &f->fn_val, p->function) < 0 ||
         cached_handle(&f->st_obj, &f->st_val, p->stream) < 0)
-        return hold_raised(f, p->sid);
+        return hold_raised(f, p);
     CUresult err = cu.launch((CUh)(uintptr_t)f->fn_val, p->grid[0], p->grid[1], p->grid[2],
                              p->shape[0], p->shape[1], p->shape[2], p->shape[3],
                              (CUh)(uintptr_t)f->st_val, (void **)p->pack->params.buf, NULL);
@@ -184,7 +190,7 @@ static int run(FastLaunch *f, Plan *p) {
     if (exc == NULL) return -1;
     PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
     Py_DECREF(exc);
-    return hold_raised(f, p->sid);
+    return hold_raised(f, p);
 }
 
 /* What Channel.ran_inline does (inlined: a Python call per launch would cost more than

@@ -410,8 +410,8 @@ class FastLaunch:
             )  # fmt: skip
             if err:
                 raise self.error_from(err, f"cuLaunchKernel({kernel.id})")
-        except Exception as exc:
-            self.hold(p.sid, exc)
+        except Exception as exc:  # held, the launch's buffers tainted (Launcher.launch)
+            self.hold(p.sid, exc, tuple(p.mids))
 
 
 def _spin(stream: Any) -> int:
