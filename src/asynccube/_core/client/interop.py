@@ -4,10 +4,12 @@ Export (``Tensor.__dlpack__``, ``__cuda_array_interface__``) is ordered after ev
 command sent before it, fire-and-forget ones included: the commands still queued for the
 channel's actor are run first, inline (``Channel.run_queued_inline``), so that the
 server has issued all of them. Where that would block (a queued command waits on a job
-in a worker thread, such as a kernel's first compile), a CUDA export is ordered after
-them on the device instead, through a gate the commands open once issued
-(:mod:`..cuda.exports`): never refused, never blocking. A CPU consumer has no stream:
-there the export is refused with a :class:`DLPackError` naming the reason.
+in a worker thread, such as a large staged copy), a CUDA export is ordered after them
+on the device instead, through a gate the commands open once issued
+(:mod:`..cuda.exports`), without blocking. Behind a kernel's first load (which
+synchronizes the device, so a waiting consumer would hold it) and for a CPU consumer,
+which has no stream, the export is refused with a :class:`DLPackError` naming the
+reason.
 
 On the host the tensor's memory is handed to the consumer without a copy, wrapped in an
 array whose base holds the tensor's :class:`Handle` (so the pools never reuse the slice)
@@ -129,8 +131,9 @@ def cuda_array_interface(tensor: TensorView) -> dict[str, Any]:
     as ``stream`` the CUDA stream after whose queued work the data is complete (the
     consumer orders its own work after that stream). AttributeError elsewhere, so that
     ``hasattr`` is False for tensors in host memory. Commands still queued behind a
-    worker-thread job (a first launch's compile) are ordered before it through a gate
-    (the stream given is the server's export stream, waiting on the device for it)."""
+    worker-thread job (a staged copy; not a kernel's first load, refused) are ordered
+    before it through a gate (the stream given is the server's export stream, waiting on
+    the device for it)."""
     client = client_of(tensor)
     exporter = getattr(client._server, "export_pointer", None)
     if exporter is None:
@@ -168,9 +171,10 @@ def _export_cuda(
     """A kDLCUDA capsule; the consumer's ``stream`` waits on the device for asynccube's
     work on the buffer (None: the legacy default stream, 1; -1: no ordering), commands
     still queued in the channel included: where they wait behind a worker-thread job
-    (a first launch's compile) the consumer's stream waits on a gate they open
-    (:mod:`..cuda.exports`). The capsule holds the handle and a lease that keeps the
-    memory, and the context, past ``client.close()`` until the consumer's deleter."""
+    (a staged copy; not a kernel's first load, refused) the consumer's stream waits on
+    a gate they open (:mod:`..cuda.exports`). The capsule holds the handle and a lease
+    that keeps the memory, and the context, past ``client.close()`` until the
+    consumer's deleter."""
     if copy is True:
         raise DLPackError(
             "copy=True: asynccube shares, never copies, on export; read the tensor with "
@@ -352,8 +356,8 @@ def _import_cuda(
     """A CUDA producer's memory: its work ordered before this task's stream (the
     producer is given that stream), then bound to a handle that keeps the consumed
     capsule (and ``obj``) until the device has passed asynccube's last use. A copy
-    (``copy=True``, or None where the memory cannot be shared) is the producer's own,
-    asked for with ``__dlpack__(copy=True)``: the capsule owns it."""
+    (``copy=True``, or None where the memory cannot be shared): see
+    :func:`_import_cuda_copy`."""
     index = int(client.device.partition(":")[2] or 0)
     device = _device_of(obj)
     if device != (KDL_CUDA, index):
