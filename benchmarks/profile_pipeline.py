@@ -5,6 +5,7 @@ is set), and each step of one item timed alone (create, the two kernels, to_clie
 read_array).
 
     python benchmarks/profile_pipeline.py [--device cuda:0] [--items 256] [--size 1048576]
+    python benchmarks/profile_pipeline.py --devices cuda:0,cuda:1 --staged   # a stage a GPU
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 import ray_pipeline as rp  # noqa: E402
 
 
-async def steps(device: str, x: np.ndarray, rounds: int = 20) -> dict[str, float]:
+async def steps(devices: list[str], x: np.ndarray, rounds: int = 20) -> dict[str, float]:
     """Milliseconds of each step of one item, alone (each awaited to completion)."""
-    a, b = rp.Stage(device, 2.0, 1.0), rp.Stage(device, 0.5, -1.0)
+    a, b = rp.Stage(devices[0], 2.0, 1.0), rp.Stage(devices[1], 0.5, -1.0)
     await a.start()
     await b.start()
     assert a.client is not None
@@ -57,17 +58,17 @@ async def steps(device: str, x: np.ndarray, rounds: int = 20) -> dict[str, float
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda:0")
+    p.add_argument("--devices", help="two devices, comma-separated: a stage on each")
     p.add_argument("--items", type=int, default=256)
     p.add_argument("--size", type=int, default=1 << 20)
     p.add_argument("--staged", action="store_true", help="items in and out of staging buffers")
     args = p.parse_args()
     items = rp.make_items(args.items, args.size)
-    print("steps (ms, median of 20):", asyncio.run(steps(args.device, items[0])))
+    devices = args.devices.split(",") if args.devices else [args.device] * 2
+    print("steps (ms, median of 20):", asyncio.run(steps(devices, items[0])))
     prof = cProfile.Profile()
     prof.enable()
-    out, rate = asyncio.run(
-        rp.local_pipeline([args.device] * 2, items, handles=True, staged=args.staged)
-    )
+    out, rate = asyncio.run(rp.local_pipeline(devices, items, handles=True, staged=args.staged))
     prof.disable()
     rp.check(items, out)
     text = io.StringIO()

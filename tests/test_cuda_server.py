@@ -172,9 +172,13 @@ async def test_checked_mode_rejects_bad_launches(gpu: ac.ComputeClient) -> None:
     gpu.execute(big, ac.CubeCount(1), add_bindings(h, h, h, 4))
     with pytest.raises(ac.InvalidArgument, match="block"):
         await gpu.sync()
+    gpu.execute(ADD, ac.CubeCount(1), ac.Bindings().with_buffer(h))  # h carries: skipped
+    await gpu.sync()  # a skip is no new error (and a skipped launch is not checked)
+    h = gpu.empty(16)
     gpu.execute(ADD, ac.CubeCount(1), ac.Bindings().with_buffer(h))  # 1 parameter, not 4
     with pytest.raises(ac.InvalidArgument, match="parameters"):
         await gpu.sync()
+    h = gpu.empty(16)
     gpu.execute(ADD, ac.CubeCount(2**31), add_bindings(h, h, h, 4))
     with pytest.raises(ac.InvalidArgument, match="grid"):
         await gpu.sync()
