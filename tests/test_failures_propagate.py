@@ -249,9 +249,15 @@ async def _scenario(device: str, ops: list[tuple[object, ...]]) -> None:
 
 async def _error_of(call: Awaitable[object]) -> tuple[type[BaseException], str]:
     """The type and message of the error ``call`` raises (not the error: its traceback
-    holds the caller's frame, and that frame the handles, until a gc)."""
+    holds the caller's frame, and that frame the handles, until a gc). ``call`` is not
+    kept as a local while it is awaited: the error's traceback holds this frame, so a
+    local awaitable (which holds the error) would make a cycle that only the gc breaks,
+    and on Python 3.12+ a frame that outlives its run keeps its caller's frame too
+    (``f_back``), with the caller's handles."""
+    pending = [call]
+    del call
     try:
-        await call
+        await pending.pop()
     except BaseException as exc:
         return type(exc), str(exc)
     raise AssertionError("it did not raise")
