@@ -151,3 +151,91 @@ async def test_a_destroyed_set_fails_the_call_and_every_client_serves(fake_nccl:
         for c, h in ((c0, h0), (c1, h1)):
             await c.sync()
             assert await c.read([h]) == [np.ones(4, np.float32).tobytes()]  # not tainted
+
+
+# -- broadcast, all_gather, reduce_scatter ---------------------------------------------
+
+
+def _collectives(c0: Any, c1: Any, hs: list[Any]) -> dict[str, Any]:
+    """Each collective over two clients: hs[0..1] 16 bytes, hs[2..3] 32 bytes."""
+    return {
+        "all_reduce": lambda: ac.all_reduce([(c0, hs[0]), (c1, hs[1])], "float32"),
+        "broadcast": lambda: ac.broadcast([(c0, hs[0]), (c1, hs[1])], root=1, count=12),
+        "all_gather": lambda: ac.all_gather([(c0, hs[0], hs[2]), (c1, hs[1], hs[3])]),
+        "reduce_scatter": lambda: ac.reduce_scatter(
+            [(c0, hs[2], hs[0]), (c1, hs[3], hs[1])], "float32", "max"
+        ),
+    }
+
+
+WRITTEN = {"all_reduce": (0, 1), "broadcast": (0,), "all_gather": (2, 3), "reduce_scatter": (0, 1)}
+"""The buffers (indices into hs) each collective above writes."""
+
+
+def _expected_calls(name: str, hs: list[Any]) -> list[tuple[Any, ...]]:
+    a, b, c, d = (side(h) for h in hs)
+    return {
+        "all_reduce": [("all_reduce", a, 4, 7, 0, 100, 7), ("all_reduce", b, 4, 7, 0, 101, 7)],
+        "broadcast": [("broadcast", a, a, 12, 1, 1, 100, 7), ("broadcast", b, b, 12, 1, 1, 101, 7)],
+        "all_gather": [("all_gather", a, c, 16, 1, 100, 7), ("all_gather", b, d, 16, 1, 101, 7)],
+        "reduce_scatter": [
+            ("reduce_scatter", c, a, 4, 7, 2, 100, 7),
+            ("reduce_scatter", d, b, 4, 7, 2, 101, 7),
+        ],
+    }[name]
+
+
+def _four(c0: Any, c1: Any) -> list[Any]:
+    return [c0.create(bytes(16)), c1.create(bytes(16)), c0.create(bytes(32)), c1.create(bytes(32))]
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
+async def test_each_collective_groups_one_call_per_rank_off_the_loop(
+    fake_nccl: Any, name: str
+) -> None:
+    lib = SlowLib(end_sleep=0.05)  # the loop-lag probe fails a call made on the loop
+    fake = fake_nccl(lib)
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        hs = _four(c0, c1)
+        await _collectives(c0, c1, hs)[name]()
+        assert lib.calls[0] == ("start",) and lib.calls[-1] == ("end",)
+        assert lib.collective_calls() == _expected_calls(name, hs)
+        assert threading.get_ident() not in lib.threads
+        assert [device for device, _ in fake.finished] == [c0.device, c1.device]
+
+
+@pytest.mark.parametrize("name", ["broadcast", "all_gather", "reduce_scatter"])
+async def test_a_failed_call_is_held_on_every_client_and_taints_what_it_writes(
+    fake_nccl: Any, name: str
+) -> None:
+    fake_nccl(SlowLib(fail=name))
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        hs = _four(c0, c1)
+        owners = [c0, c1, c0, c1]
+        with pytest.raises(ac.CollectiveError, match=f"{name} over 2 .*may have changed") as raised:
+            await _collectives(c0, c1, hs)[name]()
+        assert "invalid usage" in str(raised.value)  # NCCL's words
+        for i, (c, h) in enumerate(zip(owners, hs, strict=True)):
+            await c.sync()  # taken by the await above: raised once
+            if i in WRITTEN[name]:
+                with pytest.raises(ac.TaintedBuffer):
+                    await c.read([h])
+                c.write(
+                    [(h.copy_descriptor((h.binding().size,), (1,), 1), bytes(h.binding().size))]
+                )
+            assert await c.read([h]) == [bytes(h.binding().size)]  # clean, serving
+
+
+@pytest.mark.parametrize("name", ["broadcast", "all_gather", "reduce_scatter"])
+async def test_a_tainted_input_is_refused_before_nccl_runs(fake_nccl: Any, name: str) -> None:
+    lib = SlowLib()
+    fake_nccl(lib)
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        hs = _four(c0, c1)
+        source = {"broadcast": 1, "all_gather": 1, "reduce_scatter": 3}[name]
+        c1._channel._held.taint([hs[source].memory.id], RuntimeError("earlier failure"))
+        with pytest.raises(ac.CollectiveError, match="unchanged"):
+            await _collectives(c0, c1, hs)[name]()
+        assert lib.calls == []  # nothing issued
+        await c0.sync()
+        await c1.sync()
