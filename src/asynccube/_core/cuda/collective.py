@@ -108,13 +108,16 @@ class IssueThread:
             while (work := self._queue.get()) is not None:
                 call, done = work
                 del work
+                error: BaseException | None = None
                 try:
                     call()
                 except BaseException as exc:
-                    done(exc)
-                else:
-                    done(None)
-                del call, done
+                    error = exc
+                try:
+                    done(error)
+                except BaseException:  # the caller's hand-back failed: the later work
+                    pass  # still runs (a dead thread would leave every later call waiting)
+                del call, done, error
         finally:
             self._ended.set()
 
