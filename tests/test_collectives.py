@@ -20,7 +20,7 @@ from asynccube._core.client import staged_reduce
 from asynccube._core.cuda import nccl
 from asynccube._core.runtime.devices import probe_gpus
 
-from .test_all_reduce import FAIL, expected, inputs
+from .test_all_reduce import FAIL, expected, inputs, same
 
 pytestmark = pytest.mark.anyio
 
@@ -311,64 +311,101 @@ async def test_cuda_and_host_take_the_staged_path() -> None:
             np.testing.assert_array_equal(await c.read_array(ins[i], np.float32), arrays[1])
 
 
+# Two GPUs: the data and the expected results are made in sync fixtures, off the loop
+# (numpy over millions of elements takes milliseconds, and the loop-lag probe times every
+# step of the test's own task); results are compared with ``same`` (well under 1 ms).
+
+
+@pytest.fixture
+def four_mib() -> list[np.ndarray]:
+    return inputs(2, 1 << 20, "float32")
+
+
 @pytest.mark.cuda
 @two_gpus
 @pytest.mark.parametrize("root", [0, 1])
-async def test_two_gpus_broadcast_through_nccl(root: int) -> None:
+async def test_two_gpus_broadcast_through_nccl(root: int, four_mib: list[np.ndarray]) -> None:
     _need_nccl()
-    arrays = inputs(2, 1 << 20, "float32")
     async with clients("cuda:0", "cuda:1") as cs:
-        hs = [c.create(a) for c, a in zip(cs, arrays, strict=True)]
+        hs = [c.create(a) for c, a in zip(cs, four_mib, strict=True)]
         done = ac.broadcast(list(zip(cs, hs, strict=True)), root=root)
         reads = [c.read_array(h, np.float32) for c, h in zip(cs, hs, strict=True)]  # ordered after
         for read in reads:
-            np.testing.assert_array_equal(await read, arrays[root])
+            assert same(await read, four_mib[root])
         await done
         await ac.broadcast(list(zip(cs, hs, strict=True)), root=1 - root, count=0)
+
+
+@pytest.fixture
+def gathered(request: pytest.FixtureRequest) -> tuple[list[np.ndarray], np.ndarray]:
+    size = request.node.callspec.params["size"]
+    data = [np.frombuffer(random.Random(i).randbytes(size), np.uint8) for i in range(2)]
+    return data, np.concatenate(data)
 
 
 @pytest.mark.cuda
 @two_gpus
 @pytest.mark.parametrize("size", [1, 4099, 8 << 20])
-async def test_two_gpus_all_gather_through_nccl(size: int) -> None:
+async def test_two_gpus_all_gather_through_nccl(
+    size: int, gathered: tuple[list[np.ndarray], np.ndarray]
+) -> None:
     _need_nccl()
-    data = [np.frombuffer(random.Random(i).randbytes(size), np.uint8) for i in range(2)]
+    data, want = gathered
     async with clients("cuda:0", "cuda:1") as cs:
         ins = [c.create(d) for c, d in zip(cs, data, strict=True)]
         outs = [c.create(bytes(2 * size)) for c in cs]
         done = ac.all_gather(list(zip(cs, ins, outs, strict=True)))
         reads = [c.read_array(h, np.uint8) for c, h in zip(cs, outs, strict=True)]
         for read in reads:
-            np.testing.assert_array_equal(await read, np.concatenate(data))
+            assert same(await read, want)
         await done
+
+
+K = 1 << 19
+
+
+@pytest.fixture
+def scattered(request: pytest.FixtureRequest) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    params = request.node.callspec.params
+    arrays = inputs(2, 2 * K, params["dtype"])
+    want = expected(arrays, params["op"])
+    return arrays, [want[:K].copy(), want[K:].copy()]
 
 
 @pytest.mark.cuda
 @two_gpus
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "int16"])
 @pytest.mark.parametrize("op", ["sum", "max"])
-async def test_two_gpus_reduce_scatter_through_nccl(op: str, dtype: str) -> None:
+async def test_two_gpus_reduce_scatter_through_nccl(
+    op: str, dtype: str, scattered: tuple[list[np.ndarray], list[np.ndarray]]
+) -> None:
     _need_nccl()  # int16: NCCL has none, so the staged path
-    k = 1 << 19
-    arrays = inputs(2, 2 * k, dtype)
+    arrays, want = scattered
     async with clients("cuda:0", "cuda:1") as cs:
         ins = [c.create(a) for c, a in zip(cs, arrays, strict=True)]
-        outs = [c.create(bytes(k * np.dtype(dtype).itemsize)) for c in cs]
+        outs = [c.create(bytes(K * np.dtype(dtype).itemsize)) for c in cs]
         done = ac.reduce_scatter(list(zip(cs, ins, outs, strict=True)), dtype, op)
         reads = [c.read_array(h, dtype) for c, h in zip(cs, outs, strict=True)]
-        want = expected(arrays, op)
-        for i, read in enumerate(reads):
-            np.testing.assert_array_equal(await read, want[i * k : (i + 1) * k])
+        for read, chunk in zip(reads, want, strict=True):
+            assert same(await read, chunk)
         await done
+
+
+@pytest.fixture
+def ones_twos() -> list[np.ndarray]:
+    return [np.full(1 << 18, i + 1, np.float32) for i in range(2)]
 
 
 @pytest.mark.cuda
 @two_gpus
-async def test_two_gpus_back_to_back_collectives_keep_stream_order() -> None:
+async def test_two_gpus_back_to_back_collectives_keep_stream_order(
+    ones_twos: list[np.ndarray],
+) -> None:
     _need_nccl()
-    n = 1 << 18
+    n = ones_twos[0].size
+    six = np.full(n, 6, np.float32)
     async with clients("cuda:0", "cuda:1") as cs:
-        a = [c.create(np.full(n, i + 1, np.float32)) for i, c in enumerate(cs)]
+        a = [c.create(x) for c, x in zip(cs, ones_twos, strict=True)]
         g = [c.create(bytes(2 * 4 * n)) for c in cs]
         s = [c.create(bytes(4 * n)) for c in cs]
         pairs = list(zip(cs, a, strict=True))
@@ -380,6 +417,6 @@ async def test_two_gpus_back_to_back_collectives_keep_stream_order() -> None:
         ]
         reads = [c.read_array(h, np.float32) for c, h in zip(cs, s, strict=True)]
         for read in reads:
-            np.testing.assert_array_equal(await read, np.full(n, 6, np.float32))
+            assert same(await read, six)
         for done in calls:
             await done
