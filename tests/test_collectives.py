@@ -9,7 +9,7 @@ import contextlib
 import gc
 import random
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -17,15 +17,11 @@ import pytest
 
 import asynccube as ac
 from asynccube._core.client import staged_reduce
-from asynccube._core.cuda import nccl
-from asynccube._core.runtime.devices import probe_gpus
 
-from .test_all_reduce import FAIL, expected, inputs, same
+from .test_all_reduce import FAIL, _need_nccl, clients, expected, inputs, same, two_gpus
 
 pytestmark = pytest.mark.anyio
 
-_GPUS = len(probe_gpus().devices)
-two_gpus = pytest.mark.skipif(_GPUS < 2, reason=f"needs two CUDA GPUs ({_GPUS} found)")
 # numpy's first random generator and first array comparison import modules (tens of
 # ms): made here, at collection, rather than in the first test's step on the loop.
 np.testing.assert_array_equal(np.random.default_rng(0).integers(0, 1, 1), np.zeros(1))
@@ -37,25 +33,10 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@contextlib.asynccontextmanager
-async def clients(*devices: str) -> AsyncIterator[list[ac.ComputeClient]]:
-    opened = [await ac.connect(d) for d in devices]
-    try:
-        yield opened
-    finally:
-        for c in opened:
-            await c.close()
-
-
 def cases(seed: int, count: int) -> Iterator[random.Random]:
     """``count`` random generators, one per case (seeded: a failure reruns the same)."""
     for i in range(count):
         yield random.Random(seed * 1000 + i)
-
-
-def _need_nccl() -> None:
-    if nccl.find_library() is None:
-        pytest.skip("NCCL not found (install nvidia-nccl-cu12/-cu13 or torch)")
 
 
 # -- results against numpy ------------------------------------------------------------

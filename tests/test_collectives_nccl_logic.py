@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,16 +19,9 @@ from asynccube._core.client import nccl_reduce
 from asynccube._core.cuda import collective
 
 from .nccl_fakes import FakeCuda, SlowLib, side
+from .test_all_reduce_nccl_logic import FakeServer
 
 pytestmark = pytest.mark.anyio
-
-
-class FakeServer:
-    """What ``cuda.collective`` reads of a CUDA server (weakly referenced)."""
-
-    def __init__(self, ordinal: int) -> None:
-        self.context = types.SimpleNamespace(ordinal=ordinal)
-        self.close_hooks: list[Any] = []
 
 
 @pytest.fixture(params=["asyncio", "trio"])
