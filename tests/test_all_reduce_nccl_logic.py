@@ -34,6 +34,9 @@ class FakeCdll:
             "ncclGroupStart",
             "ncclGroupEnd",
             "ncclAllReduce",
+            "ncclBroadcast",
+            "ncclAllGather",
+            "ncclReduceScatter",
         ):
             setattr(self, name, self._fn(name, fail.get(name, 0)))
         self.ncclGetErrorString = lambda code: ERRORS.get(code, "?").encode()

@@ -15,7 +15,13 @@ host server.
 from __future__ import annotations
 
 from ._core.client.client import ComputeClient
-from ._core.client.collective import ReduceOp, all_reduce
+from ._core.client.collective import (
+    ReduceOp,
+    all_gather,
+    all_reduce,
+    broadcast,
+    reduce_scatter,
+)
 from ._core.client.graph import Graph
 from ._core.client.tensor import Tensor
 from ._core.config.pools import MemoryLayout, MemoryPool, PoolKind
@@ -121,7 +127,10 @@ from ._core.version import __version__
 
 __all__ = [
     "ReduceOp",
+    "all_gather",
     "all_reduce",
+    "broadcast",
+    "reduce_scatter",
     "SCALAR_DTYPES",
     "Allocation",
     "AllocationDescriptor",

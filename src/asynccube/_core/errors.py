@@ -348,11 +348,11 @@ class ExclusiveCallError(AsyncCubeError):
 
 
 class CollectiveError(AsyncCubeError):
-    """A collective across clients (``all_reduce``) failed after it was queued: a read
-    or write of one of its buffers, the reduction itself, or the NCCL library (the
-    message names NCCL's error string); ``__cause__`` carries the original error. Each
-    client's stream holds its own copy, so every client's next awaited call there sees
-    it; every client keeps serving."""
+    """A collective across clients (``all_reduce``, ``broadcast``, ``all_gather``,
+    ``reduce_scatter``) failed after it was queued: a read or write of one of its
+    buffers, the computation itself, or the NCCL library (the message names NCCL's error
+    string); ``__cause__`` carries the original error. Each client's stream holds its own
+    copy, so every client's next awaited call there sees it; every client keeps serving."""
 
 
 def _report_as_public() -> None:

@@ -1,71 +1,59 @@
-"""``ac.all_reduce``: the element-wise reduction of one buffer per client, written back
-into every one of them (in place), ordered on each client's stream like any command.
+"""The collectives across clients, ordered on each client's stream like any command:
+``ac.all_reduce`` (the element-wise reduction of one buffer per client, written back
+into each), ``ac.broadcast`` (one client's buffer copied into every other's),
+``ac.all_gather`` (every client's input, side by side, in every output) and
+``ac.reduce_scatter`` (the reduction of every input, each client receiving its chunk).
 
-Everything is checked and queued at the call, on the calling task's stream of every
-client; the returned awaitable completes once the result is in every buffer (a
-``sync`` of each client, through the completion machinery: the loop never blocks), and
-raises what failed there. Later commands of the same task on each client come after the
-reduction without awaiting it. Not awaited, it warns like any client awaitable, and
-each client's failure stays held for that client's stream (its next awaited call
-raises it).
+Everything is checked (:mod:`.collective_checks`) and queued at the call, on the
+calling task's stream of every client; the returned awaitable completes once the
+result is in every buffer (a ``sync`` of each client, through the completion
+machinery: the loop never blocks), and raises what failed there. Later commands of the
+same task on each client come after the collective without awaiting it. Not awaited,
+it warns like any client awaitable, and each client's failure stays held for that
+client's stream (its next awaited call raises it).
 
 Paths (:mod:`.nccl_reduce`, :mod:`.staged_reduce`): CUDA clients of distinct devices
-with NCCL found and a dtype NCCL has: ``ncclAllReduce`` on each client's stream (one
-CUDA client alone: a one-rank communicator); anything else: the staged path (reads,
-numpy, writes). One host client alone, or ``count=0``: the identity (only the sync).
+with NCCL found (and, for a reduction, a dtype NCCL has): NCCL on each client's stream
+(one CUDA client alone: a one-rank communicator); anything else: the staged path
+(reads, numpy, writes). Nothing to move (one host client of ``all_reduce`` or
+``broadcast``, a count or size of 0): the sync only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import sys
 import warnings
 from collections.abc import Awaitable, Generator, Sequence
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
 from ..channel.held import combine
-from ..errors import InvalidArgument, InvalidHandle
+from ..errors import InvalidArgument
 from ..values.stream_id import StreamId
 from ..values.types import Binding, Handle
 from .client import ComputeClient
-from .nccl_reduce import nccl_reduce
-from .staged_reduce import staged
-
-__all__ = ["DTYPES", "ReduceOp", "all_reduce"]
-
-DTYPES: Final = (
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
+from .collective_checks import (
+    DTYPES,
+    ReduceOp,
+    apart,
+    check_count,
+    check_dtype,
+    check_op,
+    entries,
+    one_size,
 )
-"""The element types ``all_reduce`` takes (numpy names)."""
+from .nccl_reduce import Rank, nccl_run
+from .staged_reduce import Staged, reduce_arrays, staged_run
 
+__all__ = ["DTYPES", "ReduceOp", "all_gather", "all_reduce", "broadcast", "reduce_scatter"]
 
-class ReduceOp(enum.StrEnum):
-    """The reductions of :func:`all_reduce` (plain strings work too: ``"sum"``)."""
-
-    SUM = "sum"
-    PROD = "prod"
-    MIN = "min"
-    MAX = "max"
-
-
-Pair = tuple[ComputeClient, Binding]
+Buffer = Handle | Binding
 
 
 def all_reduce(
-    pairs: Sequence[tuple[ComputeClient, Handle | Binding]],
+    pairs: Sequence[tuple[ComputeClient, Buffer]],
     dtype: Any,
     op: ReduceOp | str = ReduceOp.SUM,
     *,
@@ -83,120 +71,192 @@ def all_reduce(
     :class:`InvalidArgument` (or :class:`InvalidHandle`, :class:`ClientClosedError`)
     before anything is queued.
     """
-    if not isinstance(pairs, (list, tuple)) or not pairs:
-        raise InvalidArgument(
-            f"all_reduce needs a non-empty list of (client, handle) pairs, got {pairs!r:.80}"
-        )
-    checked = [_pair(i, p) for i, p in enumerate(pairs)]
-    for client, _ in checked:
-        client._channel.check()  # closed, another loop, a capture: raises now
-    _distinct(checked)
-    kind, name = _dtype(dtype), _op(op)
-    n = _count(checked, kind, count)
-    path = _nccl_path(checked, kind.name)
+    name = "all_reduce"
+    checked = entries(name, pairs, 2)
+    clients = [e[0] for e in checked]
+    kind, reduce = check_dtype(name, dtype), check_op(name, op)
+    size = one_size(name, "buffers", clients, [e[1] for e in checked])
+    n = check_count(name, count, kind.name, _whole(name, size, kind), kind.itemsize)
+    path = _nccl_path(clients, kind.name)
     if path is not None and n:
-        nccl_reduce(checked, kind.name, name, n, path)
-    elif n and (len(checked) > 1):
-        staged(checked, kind, name, n)
-    caller = sys._getframe(1)
-    origin = (caller.f_code.co_filename, caller.f_lineno)
-    return _Collective([client for client, _ in checked], origin)
+        ranks: list[Rank] = [(c, (b,), (b,)) for c, b in checked]
+
+        def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
+            cuda.issue(comms, sides, n, kind.name, reduce)
+
+        nccl_run(ranks, issue, path, name)
+    elif n and len(checked) > 1:
+        nbytes = n * kind.itemsize
+
+        def compute(arrays: list[Any]) -> list[Any]:
+            return [reduce_arrays(arrays, kind, reduce, n)] * len(arrays)
+
+        reads = [(c, b, nbytes) for c, b in checked]
+        staged_run(Staged(reads, checked, compute, nbytes * len(checked), name))
+    return _Collective(clients, _origin(), name)
 
 
-def _pair(i: int, pair: object) -> Pair:
-    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-        raise InvalidArgument(f"all_reduce's pairs[{i}] must be (client, handle), got {pair!r:.80}")
-    client, handle = pair
-    if not isinstance(client, ComputeClient):
+def broadcast(
+    pairs: Sequence[tuple[ComputeClient, Buffer]],
+    *,
+    root: int = 0,
+    count: int | None = None,
+) -> Awaitable[None]:
+    """Copy the first ``count`` bytes of ``pairs[root]``'s buffer into every other one.
+
+    ``pairs``: ``(client, handle)`` for each client taking part (one client at most
+    once; CUDA clients of distinct devices), every buffer of the same size; ``root``:
+    the index in ``pairs`` of the client whose buffer is copied; ``count``: bytes from
+    the start of each buffer (default: the whole buffer). Queued at once on every
+    client, on the calling task's stream, like :func:`all_reduce` (through
+    ``ncclBroadcast`` between GPUs, else read and written); await the result to see it
+    done. Bad input raises :class:`InvalidArgument` (or :class:`InvalidHandle`,
+    :class:`ClientClosedError`) before anything is queued.
+    """
+    name = "broadcast"
+    checked = entries(name, pairs, 2)
+    clients = [e[0] for e in checked]
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < len(checked):
         raise InvalidArgument(
-            f"all_reduce's pairs[{i}][0] must be a client, got {type(client).__name__}"
+            f"broadcast's root must be an index into pairs (0 to {len(checked) - 1}), got {root!r}"
         )
-    if isinstance(handle, Handle):
-        handle = handle.binding()
-    if not isinstance(handle, Binding):
+    size = one_size(name, "buffers", clients, [e[1] for e in checked])
+    nbytes = check_count(name, count, "bytes", size, 1)
+    path = _nccl_path(clients, "uint8")
+    if path is not None and nbytes:
+        ranks: list[Rank] = [
+            (c, (b,), () if i == root else (b,)) for i, (c, b) in enumerate(checked)
+        ]
+
+        def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
+            cuda.broadcast(comms, sides, nbytes, root)
+
+        nccl_run(ranks, issue, path, name)
+    elif nbytes and len(checked) > 1:
+
+        def compute(arrays: list[Any]) -> list[Any]:
+            data = np.frombuffer(arrays[0], np.uint8, count=nbytes)
+            return [None if i == root else data for i in range(len(checked))]
+
+        reads = [(checked[root][0], checked[root][1], nbytes)]
+        writes = [(c, None if i == root else b) for i, (c, b) in enumerate(checked)]
+        staged_run(Staged(reads, writes, compute, 0, name))
+    return _Collective(clients, _origin(), name)
+
+
+def all_gather(
+    triples: Sequence[tuple[ComputeClient, Buffer, Buffer]],
+) -> Awaitable[None]:
+    """Gather every client's input into every client's output, side by side.
+
+    ``triples``: ``(client, input, output)`` for each client taking part (one client at
+    most once; CUDA clients of distinct devices). Every input holds the same ``S``
+    bytes, every output ``len(triples) * S``; the i-th chunk of each output (bytes
+    ``i * S`` to ``(i + 1) * S``) receives ``triples[i]``'s input. Queued at once on
+    every client, on the calling task's stream, like :func:`all_reduce` (through
+    ``ncclAllGather`` between GPUs, else read and written); await the result to see it
+    done. Bad input raises :class:`InvalidArgument` (or :class:`InvalidHandle`,
+    :class:`ClientClosedError`) before anything is queued.
+    """
+    name = "all_gather"
+    checked = entries(name, triples, 3)
+    clients, n = [e[0] for e in checked], len(checked)
+    chunk = one_size(name, "inputs", clients, [e[1] for e in checked])
+    _outputs(name, checked, n * chunk, f"{n} x {chunk}")
+    path = _nccl_path(clients, "uint8")
+    if path is not None and chunk:
+        ranks: list[Rank] = [(c, (i, o), (o,)) for c, i, o in checked]
+
+        def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
+            cuda.all_gather(comms, sides, chunk)
+
+        nccl_run(ranks, issue, path, name)
+    elif chunk:
+
+        def compute(arrays: list[Any]) -> list[Any]:
+            out = np.concatenate([np.frombuffer(a, np.uint8, count=chunk) for a in arrays])
+            return [out] * n
+
+        reads = [(c, i, chunk) for c, i, _ in checked]
+        writes = [(c, o) for c, _, o in checked]
+        staged_run(Staged(reads, writes, compute, n * chunk, name))
+    return _Collective(clients, _origin(), name)
+
+
+def reduce_scatter(
+    triples: Sequence[tuple[ComputeClient, Buffer, Buffer]],
+    dtype: Any,
+    op: ReduceOp | str = ReduceOp.SUM,
+) -> Awaitable[None]:
+    """Reduce every client's input element-wise; client i's output receives chunk i.
+
+    ``triples``: ``(client, input, output)`` for each client taking part (one client at
+    most once; CUDA clients of distinct devices). Every input holds ``len(triples)``
+    chunks of ``S`` bytes (whole elements of ``dtype``), every output ``S`` bytes; the
+    output of ``triples[i]`` receives the reduction of the i-th chunk of every input.
+    ``dtype`` and ``op`` as for :func:`all_reduce`. Queued at once on every client, on
+    the calling task's stream (through ``ncclReduceScatter`` between GPUs, else read,
+    reduced with numpy and written); await the result to see it done. Bad input raises
+    :class:`InvalidArgument` (or :class:`InvalidHandle`, :class:`ClientClosedError`)
+    before anything is queued.
+    """
+    name = "reduce_scatter"
+    checked = entries(name, triples, 3)
+    clients, n = [e[0] for e in checked], len(checked)
+    kind, reduce = check_dtype(name, dtype), check_op(name, op)
+    size = one_size(name, "inputs", clients, [e[1] for e in checked])
+    if size % (n * kind.itemsize):
         raise InvalidArgument(
-            f"all_reduce's pairs[{i}][1] must be a Handle or Binding, got {type(handle).__name__}"
+            f"reduce_scatter's inputs hold {size} bytes, not {n} chunks (one per client) "
+            f"of whole {kind.name} ({kind.itemsize} bytes each); pass inputs of "
+            f"{n} x k x {kind.itemsize} bytes"
         )
-    return client, handle
+    chunk = size // n
+    _outputs(name, checked, chunk, f"{size} / {n}")
+    count = chunk // kind.itemsize
+    path = _nccl_path(clients, kind.name)
+    if path is not None and count:
+        ranks: list[Rank] = [(c, (i, o), (o,)) for c, i, o in checked]
+
+        def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
+            cuda.reduce_scatter(comms, sides, count, kind.name, reduce)
+
+        nccl_run(ranks, issue, path, name)
+    elif count:
+
+        def compute(arrays: list[Any]) -> list[Any]:
+            out = reduce_arrays(arrays, kind, reduce, n * count)
+            return [out[i * count : (i + 1) * count] for i in range(n)]
+
+        reads = [(c, i, size) for c, i, _ in checked]
+        writes = [(c, o) for c, _, o in checked]
+        staged_run(Staged(reads, writes, compute, n * size, name))
+    return _Collective(clients, _origin(), name)
 
 
-def _distinct(pairs: list[Pair]) -> None:
-    seen: dict[int, int] = {}
-    devices: dict[str, int] = {}
-    for i, (client, binding) in enumerate(pairs):
-        if id(client) in seen:
-            raise InvalidArgument(
-                f"all_reduce got the same {client.device} client twice (pairs[{seen[id(client)]}] "
-                f"and pairs[{i}]); give each client once, with one buffer"
-            )
-        seen[id(client)] = i
-        if not client.server.owns(binding):  # type: ignore[attr-defined]
-            raise InvalidHandle(
-                f"all_reduce's pairs[{i}] handle {binding!r} does not belong to its "
-                f"{client.device} client (it is another client's, or a closed one's)"
-            )
-        if client.properties.kind == "cuda":
-            if client.device in devices:
-                raise InvalidArgument(
-                    f"all_reduce got two clients of {client.device} (pairs["
-                    f"{devices[client.device]}] and pairs[{i}]); NCCL reduces across devices, "
-                    "one rank per device: open one client per device"
-                )
-            devices[client.device] = i
-
-
-def _dtype(dtype: object) -> np.dtype[Any]:
-    kind: np.dtype[Any] | None
-    try:
-        kind = np.dtype(dtype)  # type: ignore[call-overload]
-    except TypeError:
-        kind = None
-    if kind is None or kind.name not in DTYPES or not kind.isnative:
-        raise InvalidArgument(
-            f"all_reduce does not reduce dtype {dtype!r}; use one of {', '.join(DTYPES)}"
-        )
-    return kind
-
-
-def _op(op: object) -> str:
-    try:
-        return ReduceOp(op).value  # type: ignore[arg-type]  # checked: ValueError
-    except ValueError:
-        raise InvalidArgument(
-            f"all_reduce's op must be one of {', '.join(o.value for o in ReduceOp)} "
-            f"(or an ac.ReduceOp), got {op!r}"
-        ) from None
-
-
-def _count(pairs: list[Pair], kind: np.dtype[Any], count: object) -> int:
-    sizes = {b.size for _, b in pairs}
-    if len(sizes) > 1:
-        listed = ", ".join(f"{c.device}: {b.size}" for c, b in pairs)
-        raise InvalidArgument(
-            f"all_reduce needs buffers of one size, got {listed} bytes; pass handles of "
-            "the same size (with_offset_end trims one)"
-        )
-    size = sizes.pop()
+def _whole(name: str, size: int, kind: np.dtype[Any]) -> int:
     if size % kind.itemsize:
         raise InvalidArgument(
-            f"all_reduce's buffers hold {size} bytes, not a whole number of {kind.name} "
+            f"{name}'s buffers hold {size} bytes, not a whole number of {kind.name} "
             f"({kind.itemsize} bytes each); pass count= or buffers of whole elements"
         )
-    if count is None:
-        return size // kind.itemsize
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise InvalidArgument(f"all_reduce's count must be an int >= 0, got {count!r}")
-    if count * kind.itemsize > size:
-        raise InvalidArgument(
-            f"all_reduce's count={count} {kind.name} needs {count * kind.itemsize} bytes, "
-            f"but the buffers hold {size}; pass count <= {size // kind.itemsize}"
-        )
-    return count
+    return size
 
 
-def _nccl_path(pairs: list[Pair], dtype: str) -> str | None:
-    """The NCCL library's path where NCCL takes this reduction, else None."""
-    if any(c.properties.kind != "cuda" for c, _ in pairs):
+def _outputs(name: str, checked: list[tuple[Any, ...]], size: int, how: str) -> None:
+    """Every output holds ``size`` bytes and overlaps no input of its client."""
+    for i, (client, source, dest) in enumerate(checked):
+        if dest.size != size:
+            raise InvalidArgument(
+                f"{name}'s outputs must hold {how} = {size} bytes, got {dest.size} bytes "
+                f"for {client.device} (triples[{i}]); pass outputs of {size} bytes"
+            )
+        apart(name, i, source, dest)
+
+
+def _nccl_path(clients: list[ComputeClient], dtype: str) -> str | None:
+    """The NCCL library's path where NCCL takes this collective, else None."""
+    if any(c.properties.kind != "cuda" for c in clients):
         return None
     from ..cuda import nccl
 
@@ -205,19 +265,26 @@ def _nccl_path(pairs: list[Pair], dtype: str) -> str | None:
     return nccl.find_library()
 
 
+def _origin() -> tuple[str, int]:
+    """The file and line of the public function's caller."""
+    caller = sys._getframe(2)
+    return caller.f_code.co_filename, caller.f_lineno
+
+
 class _Collective:
-    """What :func:`all_reduce` returns. Awaiting it queues a sync on each client (for
-    the stream of the call) and awaits them in turn, raising the first failure (the
-    others attached as notes). Never awaited, it warns, as any client awaitable does,
-    and each client's failure stays held for that client's stream: its next awaited
-    call there raises it."""
+    """What a collective returns. Awaiting it queues a sync on each client (for the
+    stream of the call) and awaits them in turn, raising the first failure (the others
+    attached as notes). Never awaited, it warns, as any client awaitable does, and each
+    client's failure stays held for that client's stream: its next awaited call there
+    raises it."""
 
-    __slots__ = ("_clients", "_futures", "_origin", "_stream")
+    __slots__ = ("_clients", "_futures", "_name", "_origin", "_stream")
 
-    def __init__(self, clients: list[ComputeClient], origin: tuple[str, int]) -> None:
+    def __init__(self, clients: list[ComputeClient], origin: tuple[str, int], name: str) -> None:
         self._clients = clients
         self._stream = StreamId.current()
         self._origin = origin
+        self._name = name
         self._futures: list[asyncio.Future[None]] | None = None
 
     def __await__(self) -> Generator[Any, None, None]:
@@ -249,7 +316,7 @@ class _Collective:
         if getattr(self, "_futures", True) is None:
             filename, line = self._origin
             warnings.warn(
-                f"the awaitable returned by all_reduce() at {filename}:{line} was never "
+                f"the awaitable returned by {self._name}() at {filename}:{line} was never "
                 "awaited; await it (each client's failure stays held for its stream)",
                 RuntimeWarning,
                 stacklevel=2,

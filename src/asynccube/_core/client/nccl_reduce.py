@@ -1,20 +1,24 @@
-"""``all_reduce``'s NCCL path: CUDA clients of distinct devices, NCCL found.
+"""The collectives' NCCL path: CUDA clients of distinct devices, NCCL found.
 
-Commands queued at the call, on the caller's stream, like ``to_client``'s peer copy:
-on each client a *prepare* (its stream resolved as a kernel's would be: it waits for
-the buffer's earlier work on other streams), then on the first client the *issue* (every
-device's ``ncclAllReduce`` in one NCCL group, once every side is prepared; the
-communicators are made in a worker thread the first time), then on each client an
-*after* step that waits for the issue, so the client's later commands are queued on its
-stream behind the reduction (stream order: no host round trip). When every actor is
-idle (the usual case) all of it runs inline in the caller. A failure is held for the
-caller's stream on every client (:class:`~asynccube.CollectiveError`).
+One engine (:func:`nccl_run`) for every collective, given each client's buffers and
+the NCCL call of every rank. Commands queued at the call, on the caller's stream, like
+``to_client``'s peer copy: on each client a *prepare* (its stream resolved as a
+kernel's would be: it waits for the buffers' earlier work on other streams), then on
+the first client the *issue* (once every side is prepared; the communicators are made
+in a worker thread the first time): every device's call in one NCCL group, handed to
+the communicator set's issue thread (the loop never calls NCCL) and back through
+``call_soon_threadsafe``; then on each client an *after* step that waits for the
+issue, so the client's later commands are queued on its stream behind the collective
+(stream order: no host round trip). When every actor is idle (the usual case) the
+prepares and the hand-off run inline in the caller. A failure is held for the caller's
+stream on every client (:class:`~asynccube.CollectiveError`); one NCCL raised taints
+the buffers each client's call writes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..values.stream_id import StreamId
@@ -24,9 +28,14 @@ from .staged_reduce import failed
 if TYPE_CHECKING:
     from .client import ComputeClient
 
-__all__ = ["nccl_reduce"]
+__all__ = ["Rank", "nccl_run"]
 
-Pair = tuple["ComputeClient", Binding]
+Rank = tuple["ComputeClient", tuple[Binding, ...], tuple[Binding, ...]]
+"""One client's part: (client, the buffers its call binds, first one first; those of
+them it writes: tainted when NCCL fails)."""
+Issue = Callable[[Any, Any, list[tuple[Any, Any]]], None]
+"""The group of every rank's call, on the issue thread: ``(cuda.collective, the
+communicator set, [(server, prepared side), ...] in rank order)``."""
 Outcome = tuple[BaseException | None, bool]
 """(the error, or None; whether the buffers may have been touched: tainted then)."""
 
@@ -37,63 +46,72 @@ def _cuda() -> Any:
     return collective
 
 
-def nccl_reduce(pairs: Sequence[Pair], dtype: str, op: str, count: int, path: str) -> None:
-    """Queue the NCCL all-reduce of ``count`` elements on every client (see above)."""
-    stream = StreamId.current()
-    first = pairs[0][0]
-    sides: list[asyncio.Future[Any]] = []
-    for client, _ in pairs:
-        side: asyncio.Future[Any] = first.loop.create_future()
-        client._channel.track(side)  # fails at once if that client dies before it
-        sides.append(side)
-    issued: asyncio.Future[Outcome] = first.loop.create_future()
-    first._channel.track(issued)
-    for (client, binding), side in zip(pairs, sides, strict=True):
-        client._channel.send(_prepare, client, binding, side, stream)
-    job = (pairs, sides, issued, count, dtype, op, path)
+class _Job:
+    """One collective on its way: what the issue and the after steps share."""
+
+    __slots__ = ("issue", "issued", "path", "ranks", "sides", "stream", "what")
+
+    def __init__(
+        self, ranks: Sequence[Rank], issue: Issue, path: str, what: str, first: ComputeClient
+    ) -> None:
+        self.ranks, self.issue, self.path, self.what = ranks, issue, path, what
+        self.stream = StreamId.current()
+        self.sides: list[asyncio.Future[Any]] = []
+        for client, _, _ in ranks:
+            side: asyncio.Future[Any] = first.loop.create_future()
+            client._channel.track(side)  # fails at once if that client dies before it
+            self.sides.append(side)
+        self.issued: asyncio.Future[Outcome] = first.loop.create_future()
+        first._channel.track(self.issued)
+
+
+def nccl_run(ranks: Sequence[Rank], issue: Issue, path: str, what: str) -> None:
+    """Queue the collective ``what`` over NCCL on every client (see above)."""
+    first = ranks[0][0]
+    job = _Job(ranks, issue, path, what, first)
+    for i, (client, _, _) in enumerate(ranks):
+        client._channel.send(_prepare, job, i)
     first._channel.send(_issue_when_prepared, first, job)
-    for (client, binding), side in zip(pairs, sides, strict=True):
-        client._channel.send(_after_issue, client, binding, side, issued, stream, len(pairs))
+    for i, (client, _, _) in enumerate(ranks):
+        client._channel.send(_after_issue, job, i)
 
 
-def _prepare(
-    client: ComputeClient, binding: Binding, side: asyncio.Future[Any], stream: StreamId
-) -> None:
+def _prepare(job: _Job, i: int) -> None:
+    client, bindings, _ = job.ranks[i]
+    side = job.sides[i]
     try:
-        tainted = client._channel._held.check([binding.memory.id])
+        tainted = client._channel._held.check([b.memory.id for b in bindings])
         if tainted is not None:
             raise tainted
-        side.set_result(_cuda().prepare(client.server, binding, stream))
+        side.set_result(_cuda().prepare(client.server, bindings, job.stream))
     except BaseException as exc:
         side.set_exception(exc)
         side.exception()  # retrieved: the issue looks at it
 
 
-def _issue_when_prepared(first: ComputeClient, job: tuple[Any, ...]) -> Any:
-    pairs, sides = job[0], job[1]
-    comms = _cuda().cached([c.server for c, _ in pairs])
-    if comms is not None and all(s.done() for s in sides):
+def _issue_when_prepared(first: ComputeClient, job: _Job) -> Any:
+    comms = _cuda().cached([c.server for c, _, _ in job.ranks])
+    if comms is not None and all(s.done() for s in job.sides):
         _issue(first, comms, job)
         return None
     return _issue_later(first, job)
 
 
-async def _issue_later(first: ComputeClient, job: tuple[Any, ...]) -> None:
-    pairs, sides, issued, path = job[0], job[1], job[2], job[6]
+async def _issue_later(first: ComputeClient, job: _Job) -> None:
     backend = first._channel.backend
+    servers = [c.server for c, _, _ in job.ranks]
     try:
-        for side in sides:
+        for side in job.sides:
             if not side.done():
                 await backend.wait(side)
-        comms = _cuda().cached([c.server for c, _ in pairs])
-        if comms is None and not _side_error(sides):
-            comms = await first._jobs.run(_cuda().init_job(path, [c.server for c, _ in pairs]))
+        comms = _cuda().cached(servers)
+        if comms is None and not _side_error(job.sides):
+            comms = await first._jobs.run(_cuda().init_job(job.path, servers))
     except BaseException as exc:
-        _settle(issued, (exc, False))
+        _settle(job.issued, (exc, False))
         if isinstance(exc, backend.cancelled):
             raise
         return
-    first._channel.activate()
     _issue(first, comms, job)
 
 
@@ -105,20 +123,29 @@ def _side_error(sides: Sequence[asyncio.Future[Any]]) -> BaseException | None:
     return None
 
 
-def _issue(first: ComputeClient, comms: Any, job: tuple[Any, ...]) -> None:
-    pairs, sides, issued, count, dtype, op = job[:6]
-    exc = _side_error(sides)
+def _issue(first: ComputeClient, comms: Any, job: _Job) -> None:
+    """Hand the group to the set's issue thread; its outcome comes back to the loop
+    (one hop there, one back). Nothing here calls NCCL."""
+    exc = _side_error(job.sides)
     if exc is not None:
-        _settle(issued, (exc, False))
+        _settle(job.issued, (exc, False))
         return
+    prepared = [(c.server, s.result()) for (c, _, _), s in zip(job.ranks, job.sides, strict=True)]
+    cuda, issue, loop, issued = _cuda(), job.issue, first.loop, job.issued
+
+    def call() -> None:
+        issue(cuda, comms, prepared)
+
+    def done(error: BaseException | None) -> None:
+        try:
+            loop.call_soon_threadsafe(_settle, issued, (error, error is not None))
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
     try:
-        prepared = [(c.server, s.result()) for (c, _), s in zip(pairs, sides, strict=True)]
-        _cuda().issue(comms, prepared, count, dtype, op)
-    except BaseException as error:
-        _settle(issued, (error, True))
-    else:
-        _settle(issued, (None, False))
-    first._channel.activate()  # NCCL sets each device current in turn
+        comms.submit(call, done)
+    except BaseException as error:  # destroyed (a client of the set closed): not run
+        _settle(issued, (error, False))
 
 
 def _settle(issued: asyncio.Future[Outcome], outcome: Outcome) -> None:
@@ -126,49 +153,31 @@ def _settle(issued: asyncio.Future[Outcome], outcome: Outcome) -> None:
         issued.set_result(outcome)
 
 
-def _after_issue(
-    client: ComputeClient,
-    binding: Binding,
-    side: asyncio.Future[Any],
-    issued: asyncio.Future[Outcome],
-    stream: StreamId,
-    n: int,
-) -> Any:
-    if issued.done():
-        _after(client, binding, side, issued, stream, n)
+def _after_issue(job: _Job, i: int) -> Any:
+    if job.issued.done():
+        _after(job, i)
         return None
-    return _after_later(client, binding, side, issued, stream, n)
+    return _after_later(job, i)
 
 
-async def _after_later(
-    client: ComputeClient,
-    binding: Binding,
-    side: asyncio.Future[Any],
-    issued: asyncio.Future[Outcome],
-    stream: StreamId,
-    n: int,
-) -> None:
-    await client._channel.backend.wait(issued)  # tracked by the first client's channel
+async def _after_later(job: _Job, i: int) -> None:
+    client = job.ranks[i][0]
+    await client._channel.backend.wait(job.issued)  # tracked by the first client's channel
     client._channel.activate()
-    _after(client, binding, side, issued, stream, n)
+    _after(job, i)
 
 
-def _after(
-    client: ComputeClient,
-    binding: Binding,
-    side: asyncio.Future[Any],
-    issued: asyncio.Future[Outcome],
-    stream: StreamId,
-    n: int,
-) -> None:
+def _after(job: _Job, i: int) -> None:
+    client, bindings, written = job.ranks[i]
+    issued = job.issued
     outcome = issued.exception() or issued.result()
     if isinstance(outcome, BaseException):  # the first client died before the issue
         outcome = (outcome, False)
     exc, touched = outcome
     if exc is None:
-        _cuda().finish(client.server, side.result(), binding)
+        _cuda().finish(client.server, job.sides[i].result(), bindings)
         return
-    error = failed(exc, client, n, touched)
-    if touched:
-        client._channel.taint(stream, [binding], error)
-    client._channel.hold(stream, error)
+    error = failed(exc, client, len(job.ranks), touched, job.what)
+    if touched and written:
+        client._channel.taint(job.stream, list(written), error)
+    client._channel.hold(job.stream, error)

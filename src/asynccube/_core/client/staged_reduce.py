@@ -1,20 +1,23 @@
-"""``all_reduce``'s staged path (host clients, CUDA without NCCL, mixed host and CUDA):
-each buffer read, the reduction made with numpy, the result written back into each.
+"""The collectives' staged path (host clients, CUDA without NCCL, mixed host and CUDA):
+the buffers read, the result made with numpy, written into each client's buffer.
 
-Every command is queued at the call, on each client, on the caller's stream: a read on
-each client; on the first, the reduction once every read is in (in a worker thread
-when it is large); on each, a write of the result, which waits for the reduction
+One engine (:func:`staged_run`) for every collective, given what to read, what each
+client's buffer receives (a function of the read bytes) and where to write it. Every
+command is queued at the call, on each client, on the caller's stream: the reads; on
+the first client, the computation once every read is in (in a worker thread when it
+is large); on each client, a write of its part, which waits for the computation
 without blocking the loop (the actor waits, so the client's later commands come after
-the write). No cycle of waits: within the call every write waits only on reads queued
-before it, and every call queues all of its commands at once. A failure (a read of a
-tainted buffer, a dead client) is held for the caller's stream on every client as a
+the write; a client with nothing to write waits the same way, and holds the failure).
+No cycle of waits: within the call every write waits only on reads queued before it,
+and every call queues all of its commands at once. A failure (a read of a tainted
+buffer, a dead client) is held for the caller's stream on every client as a
 :class:`~asynccube.CollectiveError`; the buffers keep their bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -27,15 +30,37 @@ from ..values.types import Binding, CopyDescriptor
 if TYPE_CHECKING:
     from .client import ComputeClient
 
-__all__ = ["INLINE_BYTES", "failed", "reduce_arrays", "staged"]
+__all__ = ["INLINE_BYTES", "Staged", "failed", "reduce_arrays", "staged_run"]
 
 INLINE_BYTES: Final = 1 << 20
-"""Reductions over fewer bytes (all inputs together) run on the loop; larger ones in
-the first client's worker thread (numpy's ufuncs release the GIL)."""
+"""Computations over fewer bytes (all inputs together) run on the loop; larger ones in
+the first client's worker thread (numpy's ufuncs and copies release the GIL)."""
 
 _UFUNCS: Final = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
 
-Pair = tuple["ComputeClient", Binding]
+Compute = Callable[[list[Any]], list["npt.NDArray[Any] | None"]]
+"""The read bytes (in the order of the reads) -> each write's data (None: no write)."""
+
+
+class Staged:
+    """What one staged collective does: ``reads`` ((client, binding, bytes) read from
+    the start of each binding), ``writes`` ((client, binding or None), one per client,
+    the first one's client computing), ``compute`` (see :data:`Compute`), ``work``
+    (bytes the computation touches: a worker thread from :data:`INLINE_BYTES`) and
+    ``what`` (the collective's name, for its errors)."""
+
+    __slots__ = ("compute", "reads", "what", "work", "writes")
+
+    def __init__(
+        self,
+        reads: Sequence[tuple[ComputeClient, Binding, int]],
+        writes: Sequence[tuple[ComputeClient, Binding | None]],
+        compute: Compute,
+        work: int,
+        what: str,
+    ) -> None:
+        self.reads, self.writes, self.compute = reads, writes, compute
+        self.work, self.what = work, what
 
 
 def reduce_arrays(arrays: Sequence[Any], dtype: np.dtype[Any], op: str, count: int) -> Any:
@@ -50,17 +75,17 @@ def reduce_arrays(arrays: Sequence[Any], dtype: np.dtype[Any], op: str, count: i
     return out
 
 
-def staged(pairs: Sequence[Pair], dtype: np.dtype[Any], op: str, count: int) -> None:
-    """Queue the staged all-reduce of ``count`` elements on every client (see above)."""
+def staged_run(plan: Staged) -> None:
+    """Queue the staged collective ``plan`` on every client (see above)."""
     stream = StreamId.current()
-    nbytes = count * dtype.itemsize
-    reads = [_read(client, binding, nbytes) for client, binding in pairs]
-    first = pairs[0][0]
-    reduced: asyncio.Future[Any] = first.loop.create_future()
-    first._channel.track(reduced)  # fails at once if the first client dies before it
-    first._channel.send(_reduce_when_read, first, reads, reduced, dtype, op, count)
-    for client, binding in pairs:
-        client._channel.send(_write_when_reduced, client, binding, reduced, stream, len(pairs))
+    reads = [_read(client, binding, nbytes) for client, binding, nbytes in plan.reads]
+    first = plan.writes[0][0]
+    computed: asyncio.Future[Any] = first.loop.create_future()
+    first._channel.track(computed)  # fails at once if the first client dies before it
+    first._channel.send(_compute_when_read, first, reads, computed, plan)
+    n = len(plan.writes)
+    for i, (client, binding) in enumerate(plan.writes):
+        client._channel.send(_write_when_computed, client, binding, computed, i, stream, n, plan)
 
 
 def _read(client: ComputeClient, binding: Binding, nbytes: int) -> asyncio.Future[Any]:
@@ -68,7 +93,7 @@ def _read(client: ComputeClient, binding: Binding, nbytes: int) -> asyncio.Futur
     fut = client._movement.read_arrays([desc])  # the host's: no copy on the loop
     if fut is None:
         fut = client._channel.request(client._movement.read_on_actor, StreamId.current(), [desc])
-    fut.add_done_callback(_looked_at)  # looked at by the reduction, not by the user
+    fut.add_done_callback(_looked_at)  # looked at by the computation, not by the user
     return fut
 
 
@@ -76,33 +101,29 @@ def _looked_at(fut: asyncio.Future[Any]) -> None:
     """Nothing: adding it marks an internal client future as awaited (no warning)."""
 
 
-def _reduce_when_read(
+def _compute_when_read(
     first: ComputeClient,
     reads: list[asyncio.Future[Any]],
-    reduced: asyncio.Future[Any],
-    dtype: np.dtype[Any],
-    op: str,
-    count: int,
+    computed: asyncio.Future[Any],
+    plan: Staged,
 ) -> Any:
-    small = count * dtype.itemsize * len(reads) < INLINE_BYTES
+    small = plan.work < INLINE_BYTES
     if small and all(r.done() for r in reads):
         try:
-            value = reduce_arrays(_results(reads), dtype, op, count)
+            value = plan.compute(_results(reads))
         except BaseException as exc:
-            _fail(reduced, exc)
+            _fail(computed, exc)
             return None
-        _succeed(reduced, value)
+        _succeed(computed, value)
         return None
-    return _reduce_later(first, reads, reduced, dtype, op, count, small)
+    return _compute_later(first, reads, computed, plan, small)
 
 
-async def _reduce_later(
+async def _compute_later(
     first: ComputeClient,
     reads: list[asyncio.Future[Any]],
-    reduced: asyncio.Future[Any],
-    dtype: np.dtype[Any],
-    op: str,
-    count: int,
+    computed: asyncio.Future[Any],
+    plan: Staged,
     small: bool,
 ) -> None:
     backend = first._channel.backend
@@ -112,15 +133,15 @@ async def _reduce_later(
                 await backend.wait(read)  # request futures: a dead channel fails them
         arrays = _results(reads)
         if small:
-            value = reduce_arrays(arrays, dtype, op, count)
+            value = plan.compute(arrays)
         else:
-            value = await first._jobs.run(lambda: reduce_arrays(arrays, dtype, op, count))
+            value = await first._jobs.run(lambda: plan.compute(arrays))
     except BaseException as exc:
-        _fail(reduced, exc)
+        _fail(computed, exc)
         if isinstance(exc, backend.cancelled):
             raise  # the actor is being cancelled: the writes see the failure
         return
-    _succeed(reduced, value)
+    _succeed(computed, value)
 
 
 def _results(reads: list[asyncio.Future[Any]]) -> list[Any]:
@@ -145,45 +166,69 @@ def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
         fut.exception()  # retrieved: each write looks at it
 
 
-def _write_when_reduced(
-    client: ComputeClient, binding: Binding, reduced: asyncio.Future[Any], stream: StreamId, n: int
+def _write_when_computed(
+    client: ComputeClient,
+    binding: Binding | None,
+    computed: asyncio.Future[Any],
+    index: int,
+    stream: StreamId,
+    n: int,
+    plan: Staged,
 ) -> Any:
-    if reduced.done():
-        return _write(client, binding, reduced, stream, n)
-    return _write_later(client, binding, reduced, stream, n)
+    if computed.done():
+        return _write(client, binding, computed, index, stream, n, plan)
+    return _write_later(client, binding, computed, index, stream, n, plan)
 
 
 async def _write_later(
-    client: ComputeClient, binding: Binding, reduced: asyncio.Future[Any], stream: StreamId, n: int
+    client: ComputeClient,
+    binding: Binding | None,
+    computed: asyncio.Future[Any],
+    index: int,
+    stream: StreamId,
+    n: int,
+    plan: Staged,
 ) -> None:
-    await client._channel.backend.wait(reduced)  # tracked by the first client's channel
+    await client._channel.backend.wait(computed)  # tracked by the first client's channel
     client._channel.activate()
-    pending = _write(client, binding, reduced, stream, n)
+    pending = _write(client, binding, computed, index, stream, n, plan)
     if pending is not None:
         await pending
 
 
 def _write(
-    client: ComputeClient, binding: Binding, reduced: asyncio.Future[Any], stream: StreamId, n: int
+    client: ComputeClient,
+    binding: Binding | None,
+    computed: asyncio.Future[Any],
+    index: int,
+    stream: StreamId,
+    n: int,
+    plan: Staged,
 ) -> Any:
-    exc = reduced.exception()
+    exc = computed.exception()
     if exc is not None:
-        client._channel.hold(stream, failed(exc, client, n))
+        client._channel.hold(stream, failed(exc, client, n, what=plan.what))
         return None
-    value: npt.NDArray[Any] = reduced.result()
-    data = value.view(np.uint8)
+    value: npt.NDArray[Any] | None = computed.result()[index]
+    if binding is None or value is None:
+        return None
+    data = np.ascontiguousarray(value).view(np.uint8)
     desc = CopyDescriptor(binding, (data.nbytes,), (1,), 1)
     return client._movement.write_on_actor(stream, [(desc, data)])
 
 
 def failed(
-    exc: BaseException, client: ComputeClient, n: int, touched: bool = False
+    exc: BaseException,
+    client: ComputeClient,
+    n: int,
+    touched: bool = False,
+    what: str = "all_reduce",
 ) -> CollectiveError:
-    """The error held on ``client``'s stream when the all-reduce of ``n`` buffers failed
-    with ``exc``: before writing its buffer, or (``touched``) maybe after."""
-    what = "may have changed (it is tainted)" if touched else "is unchanged"
+    """The error held on ``client``'s stream when the collective ``what`` over ``n``
+    buffers failed with ``exc``: before writing its buffer, or (``touched``) maybe after."""
+    state = "may have changed (it is tainted)" if touched else "is unchanged"
     error = CollectiveError(
-        f"all_reduce over {n} client(s) failed; the {client.device} buffer {what}: "
+        f"{what} over {n} client(s) failed; the {client.device} buffer {state}: "
         f"{type(exc).__name__}: {exc}"
     )
     error.__cause__ = exc

@@ -1,23 +1,33 @@
-"""``all_reduce`` over NCCL between CUDA servers of distinct devices (one process).
+"""The collectives over NCCL between CUDA servers of distinct devices (one process):
+``all_reduce``, ``broadcast``, ``all_gather`` and ``reduce_scatter``.
 
 One communicator set per set of servers (``ncclCommInitAll`` over their devices, in a
 worker thread: it blocks), cached, and destroyed when any of those servers closes (its
 close thread runs :data:`close hooks <CLOSE_HOOKS>`), or at exit. Each server's side
-is resolved the way a kernel's is (:meth:`prepare`: its stream waits for the buffer's
-earlier work on other streams); the reductions of all devices are then issued at once
-under ``ncclGroupStart``/``ncclGroupEnd`` (:func:`issue`), each on its server's stream,
+is resolved the way a kernel's is (:meth:`prepare`: its stream waits for the buffers'
+earlier work on other streams); the calls of all devices are then issued at once
+under ``ncclGroupStart``/``ncclGroupEnd`` (:func:`group`), each on its server's stream,
 so later work queued on those streams runs after them; each buffer is held until its
-stream passes the reduction (:func:`finish`).
+stream passes the collective (:func:`finish`).
+
+Every NCCL call of a set (the group, the collectives; its destruction) runs on the
+set's own issue thread (:class:`IssueThread`), never on the event loop's: NCCL
+connects lazily at a communicator's first collective of a kind, allocates, and blocks
+while its launch queues are full. One thread per set keeps the calls on a
+communicator in the order they were submitted, as NCCL requires.
 """
 
 from __future__ import annotations
 
+import _thread
 import atexit
+import queue
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import CollectiveError
 from ..values.stream_id import StreamId
 from ..values.types import Binding
 from . import nccl
@@ -26,30 +36,121 @@ from .driver import forget_current
 if TYPE_CHECKING:
     from .server import CudaServer
 
-__all__ = ["Comms", "cached", "finish", "init_job", "issue", "prepare"]
+__all__ = [
+    "Comms",
+    "IssueThread",
+    "all_gather",
+    "broadcast",
+    "cached",
+    "finish",
+    "group",
+    "init_job",
+    "issue",
+    "prepare",
+    "reduce_scatter",
+]
 
-Side = tuple[int, Any]
-"""(device address of the buffer, the server's CUDA stream for the caller's stream)."""
+Side = tuple[Any, ...]
+"""One server's side: (the device address of its first buffer, the server's CUDA stream
+for the caller's stream, then the addresses of its other buffers, in order)."""
+
+Call = Callable[[Any, int, Side], None]
+"""One rank's NCCL call: ``(library, communicator, side)``."""
+
+Work = tuple[Callable[[], None], Callable[[BaseException | None], None]]
+
+
+class IssueThread:
+    """A communicator set's thread: runs submitted NCCL work one at a time, in order.
+
+    Started by the first :meth:`submit` without waiting for it (``_thread``, not
+    ``threading.Thread.start``, which waits on the calling thread); each work's outcome
+    goes to its ``done`` callback, on this thread (the caller hands it back to its loop).
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._ended = threading.Event()
+        self._started = False
+        self._closed = False
+
+    def submit(
+        self, call: Callable[[], None], done: Callable[[BaseException | None], None]
+    ) -> None:
+        """Run ``call`` after the work submitted before, then ``done(error or None)``.
+        Raises :class:`CollectiveError` once the set is destroyed (nothing runs)."""
+        with self._lock:
+            if self._closed:
+                raise CollectiveError(
+                    "the NCCL communicators of these clients were destroyed (one of the "
+                    "clients closed); the collective did not run"
+                )
+            if not self._started:
+                self._started = True
+                _thread.start_new_thread(self._run, ())
+            self._queue.put((call, done))
+
+    def close(self) -> None:
+        """Refuse new work and wait until the submitted work has run (blocking)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            started = self._started
+            if started:
+                self._queue.put(None)
+        if started:
+            self._ended.wait()
+
+    def _run(self) -> None:
+        try:
+            while (work := self._queue.get()) is not None:
+                call, done = work
+                del work
+                error: BaseException | None = None
+                try:
+                    call()
+                except BaseException as exc:
+                    error = exc
+                try:
+                    done(error)
+                except BaseException:  # the caller's hand-back failed: the later work
+                    pass  # still runs (a dead thread would leave every later call waiting)
+                del call, done, error
+        finally:
+            self._ended.set()
 
 
 class Comms:
-    """The communicators of one set of servers: the library and one per server."""
+    """The communicators of one set of servers: the library, one per server (the rank
+    of a server is its place in the set), and the set's :class:`IssueThread`."""
 
     def __init__(self, lib: Any, servers: Sequence[Any], comms: list[int]) -> None:
         self.lib = lib
         self._servers = [weakref.ref(s) for s in servers]
         self.by_server = {id(s): c for s, c in zip(servers, comms, strict=True)}
         self.destroyed = False
+        self.thread = IssueThread()
 
     def serves(self, servers: Sequence[Any]) -> bool:
         """True while these exact servers are the ones it was made for."""
         return not self.destroyed and [r() for r in self._servers] == list(servers)
 
+    def submit(
+        self, call: Callable[[], None], done: Callable[[BaseException | None], None]
+    ) -> None:
+        """Run ``call`` (NCCL calls on these communicators) on the set's issue thread,
+        after the calls submitted before; see :meth:`IssueThread.submit`."""
+        self.thread.submit(call, done)
+
     def destroy(self) -> None:
-        """Free every communicator (once; blocking: the close thread, or exit)."""
+        """Free every communicator (once; blocking: the close thread, or exit), after
+        the work already submitted has run; later submits are refused."""
         if self.destroyed:
             return
         self.destroyed = True
+        self.thread.close()
         first: BaseException | None = None
         for comm in self.by_server.values():
             try:
@@ -125,25 +226,26 @@ def destroy_all() -> None:
             pass
 
 
-def prepare(server: CudaServer, binding: Binding, stream: StreamId) -> Side:
-    """One server's side, issued like a kernel: the buffer's address, and the server's
-    stream for ``stream``, made to wait for the buffer's work on other streams."""
-    ptr = server._ptr(binding)
-    resolved = server._streams.resolve(stream, [binding])
-    return ptr, resolved.stream
+def prepare(server: CudaServer, bindings: Sequence[Binding], stream: StreamId) -> Side:
+    """One server's side, issued like a kernel binding ``bindings``: the first buffer's
+    address, the server's stream for ``stream`` (made to wait for the buffers' work on
+    other streams), then the other buffers' addresses."""
+    ptrs = [server._ptr(b) for b in bindings]
+    resolved = server._streams.resolve(stream, list(bindings))
+    return (ptrs[0], resolved.stream, *ptrs[1:])
 
 
-def issue(comms: Comms, sides: Sequence[tuple[Any, Side]], count: int, dtype: str, op: str) -> None:
-    """Every device's ``ncclAllReduce`` (in place), in one NCCL group: ``sides`` pairs
-    each server with its :func:`prepare` result. The group is always closed; the
-    first failure is raised (:class:`~asynccube.CollectiveError`, NCCL's words)."""
+def group(comms: Comms, calls: Sequence[tuple[Any, Side, Call]]) -> None:
+    """Every rank's call in one NCCL group: ``calls`` gives each server its
+    :func:`prepare` result and its call. The group is always closed; the first failure
+    is raised (:class:`~asynccube.CollectiveError`, NCCL's words). Run it on the set's
+    issue thread (:meth:`Comms.submit`): NCCL makes each device current there."""
     lib = comms.lib
-    code, reduce_op = nccl.DTYPES[dtype], nccl.OPS[op]
     lib.group_start()
     failed: BaseException | None = None
     try:
-        for server, (ptr, stream) in sides:
-            lib.all_reduce(ptr, count, code, reduce_op, comms.by_server[id(server)], int(stream))
+        for server, side, call in calls:
+            call(lib, comms.by_server[id(server)], side)
     except BaseException as exc:
         failed = exc
     try:
@@ -153,11 +255,59 @@ def issue(comms: Comms, sides: Sequence[tuple[Any, Side]], count: int, dtype: st
         if failed is None:
             raise
         failed.add_note(f"and then ncclGroupEnd failed: {exc}")
-    forget_current()  # NCCL made each device current in turn: the caller activates again
+    forget_current()  # NCCL made each device current in turn, in this thread
     if failed is not None:
         raise failed
 
 
-def finish(server: CudaServer, side: Side, binding: Binding) -> None:
-    """After the group: the buffer stays alive until its stream passes the reduction."""
-    server._retirer.hold(side[1], binding)
+def issue(comms: Comms, sides: Sequence[tuple[Any, Side]], count: int, dtype: str, op: str) -> None:
+    """Every device's ``ncclAllReduce`` of ``count`` elements (in place), in one group:
+    ``sides`` pairs each server with its :func:`prepare` result (see :func:`group`)."""
+    code, reduce_op = nccl.DTYPES[dtype], nccl.OPS[op]
+
+    def call(lib: Any, comm: int, side: Side) -> None:
+        lib.all_reduce(side[0], count, code, reduce_op, comm, int(side[1]))
+
+    group(comms, [(server, side, call) for server, side in sides])
+
+
+def broadcast(comms: Comms, sides: Sequence[tuple[Any, Side]], nbytes: int, root: int) -> None:
+    """Every device's ``ncclBroadcast`` of the first ``nbytes`` of rank ``root``'s buffer
+    into each rank's (in place: send = receive buffer), in one group."""
+    code = nccl.DTYPES["uint8"]
+
+    def call(lib: Any, comm: int, side: Side) -> None:
+        lib.broadcast(side[0], side[0], nbytes, code, root, comm, int(side[1]))
+
+    group(comms, [(server, side, call) for server, side in sides])
+
+
+def all_gather(comms: Comms, sides: Sequence[tuple[Any, Side]], nbytes: int) -> None:
+    """Every device's ``ncclAllGather`` of ``nbytes`` per rank (side: input, then
+    output), in one group: rank i's input lands at ``i * nbytes`` of every output."""
+    code = nccl.DTYPES["uint8"]
+
+    def call(lib: Any, comm: int, side: Side) -> None:
+        lib.all_gather(side[0], side[2], nbytes, code, comm, int(side[1]))
+
+    group(comms, [(server, side, call) for server, side in sides])
+
+
+def reduce_scatter(
+    comms: Comms, sides: Sequence[tuple[Any, Side]], count: int, dtype: str, op: str
+) -> None:
+    """Every device's ``ncclReduceScatter`` of ``count`` elements per rank (side: input,
+    then output), in one group: rank i's output is the reduction of every input's i-th
+    chunk of ``count`` elements."""
+    code, reduce_op = nccl.DTYPES[dtype], nccl.OPS[op]
+
+    def call(lib: Any, comm: int, side: Side) -> None:
+        lib.reduce_scatter(side[0], side[2], count, code, reduce_op, comm, int(side[1]))
+
+    group(comms, [(server, side, call) for server, side in sides])
+
+
+def finish(server: CudaServer, side: Side, bindings: Sequence[Binding]) -> None:
+    """After the group: the buffers stay alive until their stream passes the collective."""
+    for binding in bindings:
+        server._retirer.hold(side[1], binding)

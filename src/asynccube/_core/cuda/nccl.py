@@ -1,5 +1,6 @@
 """NCCL, loaded at run time with ctypes (no build-time dependency): where the library
-is found, and a thin wrapper over the few calls ``all_reduce`` makes.
+is found, and a thin wrapper over the few calls the collectives make (``all_reduce``,
+``broadcast``, ``all_gather``, ``reduce_scatter``).
 
 The library is looked for, in order: the file named by ``ASYNCCUBE_NCCL_LIBRARY``; the
 ``nvidia-nccl-cu13`` / ``nvidia-nccl-cu12`` wheels' ``nvidia/nccl/lib/libnccl.so.2``
@@ -124,7 +125,7 @@ def load(path: str) -> Nccl:
 
 
 class Nccl:
-    """The NCCL calls ``all_reduce`` makes, each checked: a failure raises
+    """The NCCL calls the collectives make, each checked: a failure raises
     :class:`CollectiveError` naming the call and NCCL's error string. Tests pass an
     object with the same methods instead (a fake library)."""
 
@@ -139,6 +140,15 @@ class Nccl:
         _sig(cdll.ncclGroupEnd, [])
         _sig(
             cdll.ncclAllReduce,
+            [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
+        )
+        _sig(
+            cdll.ncclBroadcast,
+            [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
+        )
+        _sig(cdll.ncclAllGather, [c_void_p, c_void_p, c_size_t, c_int, c_void_p, c_void_p])
+        _sig(
+            cdll.ncclReduceScatter,
             [c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p, c_void_p],
         )
         cdll.ncclGetErrorString.restype = ctypes.c_char_p
@@ -175,6 +185,39 @@ class Nccl:
         p = ctypes.c_void_p(ptr)
         res = self._lib.ncclAllReduce(p, p, count, dtype, op, ctypes.c_void_p(comm), stream)
         self._check(res, "ncclAllReduce")
+
+    def broadcast(
+        self, send: int, recv: int, count: int, dtype: int, root: int, comm: int, stream: int
+    ) -> None:
+        """``ncclBroadcast`` of ``count`` elements from rank ``root``'s ``send`` into
+        every rank's ``recv`` (in place where they are equal) on ``stream``."""
+        c_void_p = ctypes.c_void_p
+        res = self._lib.ncclBroadcast(
+            c_void_p(send), c_void_p(recv), count, dtype, root, c_void_p(comm), stream
+        )
+        self._check(res, "ncclBroadcast")
+
+    def all_gather(
+        self, send: int, recv: int, count: int, dtype: int, comm: int, stream: int
+    ) -> None:
+        """``ncclAllGather``: ``count`` elements of each rank's ``send`` land at
+        ``rank * count`` of every rank's ``recv``, on ``stream``."""
+        c_void_p = ctypes.c_void_p
+        res = self._lib.ncclAllGather(
+            c_void_p(send), c_void_p(recv), count, dtype, c_void_p(comm), stream
+        )
+        self._check(res, "ncclAllGather")
+
+    def reduce_scatter(
+        self, send: int, recv: int, count: int, dtype: int, op: int, comm: int, stream: int
+    ) -> None:
+        """``ncclReduceScatter``: rank i's ``recv`` (``count`` elements) gets the
+        reduction of chunk i of every rank's ``send``, on ``stream``."""
+        c_void_p = ctypes.c_void_p
+        res = self._lib.ncclReduceScatter(
+            c_void_p(send), c_void_p(recv), count, dtype, op, c_void_p(comm), stream
+        )
+        self._check(res, "ncclReduceScatter")
 
     def error_string(self, code: int) -> str:
         """NCCL's words for ``code``."""

@@ -1,0 +1,233 @@
+"""The collectives' NCCL path without a GPU (host clients standing in for CUDA ones, a
+fake library): the loop never calls NCCL (every call on the communicator set's issue
+thread, in call order), and each collective's grouped calls, failures and taints."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import asynccube as ac
+from asynccube._core.client import collective as client_collective
+from asynccube._core.client import nccl_reduce
+from asynccube._core.cuda import collective
+
+from .nccl_fakes import FakeCuda, SlowLib, side
+from .test_all_reduce_nccl_logic import FakeServer
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def fake_nccl(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Installs a :class:`FakeCuda` over the library given; its sets are destroyed
+    after the test (off the loop: destroying waits for the issue thread)."""
+    made: list[FakeCuda] = []
+
+    def install(lib: SlowLib) -> FakeCuda:
+        fake = FakeCuda(lib)
+        made.append(fake)
+        monkeypatch.setattr(nccl_reduce, "_cuda", lambda: fake)
+        monkeypatch.setattr(client_collective, "_nccl_path", lambda clients, dtype: "libfake.so")
+        return fake
+
+    yield install
+    for fake in made:
+        fake.destroy()
+
+
+async def test_a_slow_group_end_leaves_the_loop_free(fake_nccl: Any) -> None:
+    """NCCL's group end blocking 50 ms (its first connection, a full launch queue) runs
+    on the set's issue thread: the loop-lag probe (5 ms) sees nothing, a ticker keeps
+    ticking meanwhile, and each client's read still comes after the reduction."""
+    lib = SlowLib(end_sleep=0.05)
+    fake = fake_nccl(lib)
+    ticks = 0
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        h0, h1 = c0.create(bytes(16)), c1.create(bytes(16))
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await anyio.sleep(0.002)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            for _ in range(3):
+                await ac.all_reduce([(c0, h0), (c1, h1)], "float32")
+            tg.cancel_scope.cancel()
+    assert ticks >= 10  # the loop ran other tasks through 150 ms of group ends
+    assert threading.get_ident() not in lib.threads  # no NCCL call on the loop's thread
+    assert len(lib.threads) == 1  # one issue thread for the set
+    assert [c[0] for c in lib.calls].count("end") == 3
+    assert len(fake.finished) == 6
+
+
+async def test_back_to_back_calls_reach_nccl_in_call_order(fake_nccl: Any) -> None:
+    """Calls queued without an await between them reach NCCL in call order, each group
+    whole, and later commands on each client come after every one of them."""
+    lib = SlowLib(end_sleep=0.01)
+    fake_nccl(lib)
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        h0, h1 = c0.create(bytes(64)), c1.create(bytes(64))
+        pairs = [(c0, h0), (c1, h1)]
+        counts = [16, 3, 9, 1, 12]
+        done = [ac.all_reduce(pairs, "float32", count=n) for n in counts]
+        reads = [c.read([h]) for c, h in pairs]
+        for read in reads:
+            await read
+        grouped = [c for c in lib.calls if c[0] in ("start", "end", "all_reduce")]
+        assert grouped == [
+            call
+            for n in counts
+            for call in (
+                ("start",),
+                ("all_reduce", side(h0), n, 7, 0, 100, 7),
+                ("all_reduce", side(h1), n, 7, 0, 101, 7),
+                ("end",),
+            )
+        ]
+        for d in done:
+            await d
+
+
+def test_the_issue_thread_runs_in_order_and_destroy_waits_for_it() -> None:
+    lib = SlowLib()
+    servers = [FakeServer(0), FakeServer(1)]
+    comms = collective.Comms(lib, servers, [10, 11])
+    ran: list[int] = []
+    outcomes: list[BaseException | None] = []
+    loop_thread = threading.get_ident()
+
+    def work(i: int) -> Any:
+        def call() -> None:
+            assert threading.get_ident() != loop_thread
+            time.sleep(0.01)
+            ran.append(i)
+            if i == 1:
+                raise RuntimeError("NCCL said no")
+
+        return call
+
+    for i in range(3):
+        comms.submit(work(i), outcomes.append)
+    comms.destroy()  # blocking: waits for the three, then frees the communicators
+    assert ran == [0, 1, 2] and lib.destroyed == [10, 11]
+    assert outcomes[0] is None and isinstance(outcomes[1], RuntimeError) and outcomes[2] is None
+    with pytest.raises(ac.CollectiveError, match="destroyed"):
+        comms.submit(work(3), outcomes.append)
+    assert ran == [0, 1, 2]
+
+
+async def test_a_destroyed_set_fails_the_call_and_every_client_serves(fake_nccl: Any) -> None:
+    fake = fake_nccl(SlowLib())
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        h0, h1 = c0.create(np.ones(4, np.float32)), c1.create(np.ones(4, np.float32))
+        await ac.all_reduce([(c0, h0), (c1, h1)], "float32")
+        await anyio.to_thread.run_sync(fake.destroy)  # a client of the set closed
+        with pytest.raises(ac.CollectiveError, match="unchanged") as raised:
+            await ac.all_reduce([(c0, h0), (c1, h1)], "float32")
+        assert "destroyed" in str(raised.value)
+        for c, h in ((c0, h0), (c1, h1)):
+            await c.sync()
+            assert await c.read([h]) == [np.ones(4, np.float32).tobytes()]  # not tainted
+
+
+# -- broadcast, all_gather, reduce_scatter ---------------------------------------------
+
+
+def _collectives(c0: Any, c1: Any, hs: list[Any]) -> dict[str, Any]:
+    """Each collective over two clients: hs[0..1] 16 bytes, hs[2..3] 32 bytes."""
+    return {
+        "all_reduce": lambda: ac.all_reduce([(c0, hs[0]), (c1, hs[1])], "float32"),
+        "broadcast": lambda: ac.broadcast([(c0, hs[0]), (c1, hs[1])], root=1, count=12),
+        "all_gather": lambda: ac.all_gather([(c0, hs[0], hs[2]), (c1, hs[1], hs[3])]),
+        "reduce_scatter": lambda: ac.reduce_scatter(
+            [(c0, hs[2], hs[0]), (c1, hs[3], hs[1])], "float32", "max"
+        ),
+    }
+
+
+WRITTEN = {"all_reduce": (0, 1), "broadcast": (0,), "all_gather": (2, 3), "reduce_scatter": (0, 1)}
+"""The buffers (indices into hs) each collective above writes."""
+
+
+def _expected_calls(name: str, hs: list[Any]) -> list[tuple[Any, ...]]:
+    a, b, c, d = (side(h) for h in hs)
+    return {
+        "all_reduce": [("all_reduce", a, 4, 7, 0, 100, 7), ("all_reduce", b, 4, 7, 0, 101, 7)],
+        "broadcast": [("broadcast", a, a, 12, 1, 1, 100, 7), ("broadcast", b, b, 12, 1, 1, 101, 7)],
+        "all_gather": [("all_gather", a, c, 16, 1, 100, 7), ("all_gather", b, d, 16, 1, 101, 7)],
+        "reduce_scatter": [
+            ("reduce_scatter", c, a, 4, 7, 2, 100, 7),
+            ("reduce_scatter", d, b, 4, 7, 2, 101, 7),
+        ],
+    }[name]
+
+
+def _four(c0: Any, c1: Any) -> list[Any]:
+    return [c0.create(bytes(16)), c1.create(bytes(16)), c0.create(bytes(32)), c1.create(bytes(32))]
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "broadcast", "all_gather", "reduce_scatter"])
+async def test_each_collective_groups_one_call_per_rank_off_the_loop(
+    fake_nccl: Any, name: str
+) -> None:
+    lib = SlowLib(end_sleep=0.05)  # the loop-lag probe fails a call made on the loop
+    fake = fake_nccl(lib)
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        hs = _four(c0, c1)
+        await _collectives(c0, c1, hs)[name]()
+        assert lib.calls[0] == ("start",) and lib.calls[-1] == ("end",)
+        assert lib.collective_calls() == _expected_calls(name, hs)
+        assert threading.get_ident() not in lib.threads
+        assert [device for device, _ in fake.finished] == [c0.device, c1.device]
+
+
+@pytest.mark.parametrize("name", ["broadcast", "all_gather", "reduce_scatter"])
+async def test_a_failed_call_is_held_on_every_client_and_taints_what_it_writes(
+    fake_nccl: Any, name: str
+) -> None:
+    fake_nccl(SlowLib(fail=name))
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        hs = _four(c0, c1)
+        owners = [c0, c1, c0, c1]
+        with pytest.raises(ac.CollectiveError, match=f"{name} over 2 .*may have changed") as raised:
+            await _collectives(c0, c1, hs)[name]()
+        assert "invalid usage" in str(raised.value)  # NCCL's words
+        for i, (c, h) in enumerate(zip(owners, hs, strict=True)):
+            await c.sync()  # taken by the await above: raised once
+            if i in WRITTEN[name]:
+                with pytest.raises(ac.TaintedBuffer):
+                    await c.read([h])
+                c.write(
+                    [(h.copy_descriptor((h.binding().size,), (1,), 1), bytes(h.binding().size))]
+                )
+            assert await c.read([h]) == [bytes(h.binding().size)]  # clean, serving
+
+
+@pytest.mark.parametrize("name", ["broadcast", "all_gather", "reduce_scatter"])
+async def test_a_tainted_input_is_refused_before_nccl_runs(fake_nccl: Any, name: str) -> None:
+    lib = SlowLib()
+    fake_nccl(lib)
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        hs = _four(c0, c1)
+        source = {"broadcast": 1, "all_gather": 1, "reduce_scatter": 3}[name]
+        c1._channel._held.taint([hs[source].memory.id], RuntimeError("earlier failure"))
+        with pytest.raises(ac.CollectiveError, match="unchanged"):
+            await _collectives(c0, c1, hs)[name]()
+        assert lib.calls == []  # nothing issued
+        await c0.sync()
+        await c1.sync()
