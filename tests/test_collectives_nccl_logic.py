@@ -231,3 +231,33 @@ async def test_a_tainted_input_is_refused_before_nccl_runs(fake_nccl: Any, name:
         assert lib.calls == []  # nothing issued
         await c0.sync()
         await c1.sync()
+
+
+async def test_a_kind_nccl_issued_fast_is_issued_in_place_until_it_is_slow(
+    fake_nccl: Any,
+) -> None:
+    """The first group of a kind (collective, type, operation, size class) runs on the
+    issue thread; once NCCL issued it fast, the next ones of that kind are issued on
+    the caller's thread (no hop there and back); another kind still goes to the
+    thread, and a group of the kind that turns slow sends the kind back to it."""
+    lib = SlowLib()
+    fake_nccl(lib)
+    loop_thread = threading.get_ident()
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        h0, h1 = c0.create(bytes(4096)), c1.create(bytes(4096))
+        pairs = [(c0, h0), (c1, h1)]
+        await ac.all_reduce(pairs, "float32")
+        assert loop_thread not in lib.threads  # a kind's first group: the thread
+        await ac.all_reduce(pairs, "float32")
+        assert loop_thread in lib.threads  # fast last time: in place
+        for kind in (("float32", "max", None), ("float32", "sum", 7), ("int32", "sum", None)):
+            lib.threads.clear()
+            await ac.all_reduce(pairs, kind[0], kind[1], count=kind[2])
+            assert lib.threads and loop_thread not in lib.threads, kind  # another kind
+        lib.end_sleep = 0.001  # above INLINE_BELOW: NCCL was slow this time
+        await ac.all_reduce(pairs, "float32")
+        lib.end_sleep, lib.threads = 0.0, set()
+        await ac.all_reduce(pairs, "float32")
+        assert lib.threads and loop_thread not in lib.threads  # back to the thread
+        ends = [c for c in lib.calls if c[0] == "end"]
+        assert len(ends) == 7

@@ -84,7 +84,7 @@ def all_reduce(
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
             cuda.issue(comms, sides, n, kind.name, reduce)
 
-        nccl_run(ranks, issue, path, name)
+        nccl_run(ranks, issue, path, name, (name, kind.name, reduce, n.bit_length()))
     elif n and len(checked) > 1:
         nbytes = n * kind.itemsize
 
@@ -131,7 +131,7 @@ def broadcast(
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
             cuda.broadcast(comms, sides, nbytes, root)
 
-        nccl_run(ranks, issue, path, name)
+        nccl_run(ranks, issue, path, name, (name, root, nbytes.bit_length()))
     elif nbytes and len(checked) > 1:
 
         def compute(arrays: list[Any]) -> list[Any]:
@@ -170,7 +170,7 @@ def all_gather(
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
             cuda.all_gather(comms, sides, chunk)
 
-        nccl_run(ranks, issue, path, name)
+        nccl_run(ranks, issue, path, name, (name, chunk.bit_length()))
     elif chunk:
 
         def compute(arrays: list[Any]) -> list[Any]:
@@ -221,7 +221,7 @@ def reduce_scatter(
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
             cuda.reduce_scatter(comms, sides, count, kind.name, reduce)
 
-        nccl_run(ranks, issue, path, name)
+        nccl_run(ranks, issue, path, name, (name, kind.name, reduce, count.bit_length()))
     elif count:
 
         def compute(arrays: list[Any]) -> list[Any]:

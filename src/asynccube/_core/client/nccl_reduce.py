@@ -6,8 +6,9 @@ the NCCL call of every rank. Commands queued at the call, on the caller's stream
 kernel's would be: it waits for the buffers' earlier work on other streams), then on
 the first client the *issue* (once every side is prepared; the communicators are made
 in a worker thread the first time): every device's call in one NCCL group, handed to
-the communicator set's issue thread (the loop never calls NCCL) and back through
-``call_soon_threadsafe``; then on each client an *after* step that waits for the
+the communicator set's issue thread and back through ``call_soon_threadsafe`` (or, for
+a kind of call NCCL issued fast last time, issued in place: see
+:mod:`..cuda.collective`); then on each client an *after* step that waits for the
 issue, so the client's later commands are queued on its stream behind the collective
 (stream order: no host round trip). When every actor is idle (the usual case) the
 prepares and the hand-off run inline in the caller. A failure is held for the caller's
@@ -18,7 +19,8 @@ the buffers each client's call writes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from ..values.stream_id import StreamId
@@ -49,12 +51,18 @@ def _cuda() -> Any:
 class _Job:
     """One collective on its way: what the issue and the after steps share."""
 
-    __slots__ = ("issue", "issued", "path", "ranks", "sides", "stream", "what")
+    __slots__ = ("issue", "issued", "key", "path", "ranks", "sides", "stream", "what")
 
     def __init__(
-        self, ranks: Sequence[Rank], issue: Issue, path: str, what: str, first: ComputeClient
+        self,
+        ranks: Sequence[Rank],
+        issue: Issue,
+        path: str,
+        what: str,
+        first: ComputeClient,
+        key: Hashable | None,
     ) -> None:
-        self.ranks, self.issue, self.path, self.what = ranks, issue, path, what
+        self.ranks, self.issue, self.path, self.what, self.key = ranks, issue, path, what, key
         self.stream = StreamId.current()
         self.sides: list[asyncio.Future[Any]] = []
         for client, _, _ in ranks:
@@ -65,10 +73,14 @@ class _Job:
         first._channel.track(self.issued)
 
 
-def nccl_run(ranks: Sequence[Rank], issue: Issue, path: str, what: str) -> None:
-    """Queue the collective ``what`` over NCCL on every client (see above)."""
+def nccl_run(
+    ranks: Sequence[Rank], issue: Issue, path: str, what: str, key: Hashable | None = None
+) -> None:
+    """Queue the collective ``what`` over NCCL on every client (see above). ``key``:
+    its kind (the collective, type, operation and size class: calls of one kind take
+    the same path in NCCL), or None to always issue on the set's thread."""
     first = ranks[0][0]
-    job = _Job(ranks, issue, path, what, first)
+    job = _Job(ranks, issue, path, what, first, key)
     for i, (client, _, _) in enumerate(ranks):
         client._channel.send(_prepare, job, i)
     first._channel.send(_issue_when_prepared, first, job)
@@ -131,10 +143,21 @@ def _issue(first: ComputeClient, comms: Any, job: _Job) -> None:
         _settle(job.issued, (exc, False))
         return
     prepared = [(c.server, s.result()) for (c, _, _), s in zip(job.ranks, job.sides, strict=True)]
-    cuda, issue, loop, issued = _cuda(), job.issue, first.loop, job.issued
+    cuda, issue, loop, issued, key = _cuda(), job.issue, first.loop, job.issued, job.key
+    try:  # in place where NCCL was fast for this kind and nothing is queued before it
+        ran = comms.run_inline(key, lambda: issue(cuda, comms, prepared))
+    except BaseException as error:
+        ran = True
+        _settle(issued, (error, True))
+    if ran:
+        _settle(issued, (None, False))  # (no-op after a failure: settled already)
+        first._channel.activate()  # NCCL made each device current in turn
+        return
 
     def call() -> None:
+        start = perf_counter()
         issue(cuda, comms, prepared)
+        comms.timed(key, perf_counter() - start)
 
     def done(error: BaseException | None) -> None:
         try:

@@ -10,11 +10,17 @@ under ``ncclGroupStart``/``ncclGroupEnd`` (:func:`group`), each on its server's 
 so later work queued on those streams runs after them; each buffer is held until its
 stream passes the collective (:func:`finish`).
 
-Every NCCL call of a set (the group, the collectives; its destruction) runs on the
-set's own issue thread (:class:`IssueThread`), never on the event loop's: NCCL
-connects lazily at a communicator's first collective of a kind, allocates, and blocks
-while its launch queues are full. One thread per set keeps the calls on a
-communicator in the order they were submitted, as NCCL requires.
+A set's NCCL calls (the group, the collectives; its destruction) run on the set's own
+issue thread (:class:`IssueThread`): NCCL connects lazily at a communicator's first
+collective of a kind, loads its kernels, allocates, and blocks while its launch queues
+are full (the first group of a kind took 9-45 ms on two H100s). One thread per set
+keeps the calls on a communicator in the order they were submitted, as NCCL requires.
+The hop to that thread and back costs more than the group itself once NCCL is warm
+(~20 µs a group, against ~200 µs of wake-ups on the GPU machine), so a kind of call
+(:meth:`Comms.inline`'s key: the collective, its type, operation and size class) whose
+last group ran in under :data:`INLINE_BELOW` is issued on the caller's thread, while
+the issue thread has nothing queued (the order stays the order of submission); an
+inline group that takes longer sends its kind back to the thread.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import atexit
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CollectiveError
@@ -59,6 +66,10 @@ Call = Callable[[Any, int, Side], None]
 
 Work = tuple[Callable[[], None], Callable[[BaseException | None], None]]
 
+INLINE_BELOW = 250e-6
+"""A kind of call whose last group took less (seconds) is issued on the caller's
+thread (see above): well below the loop-lag budget of a service (1 ms at p99)."""
+
 
 class IssueThread:
     """A communicator set's thread: runs submitted NCCL work one at a time, in order.
@@ -74,6 +85,11 @@ class IssueThread:
         self._ended = threading.Event()
         self._started = False
         self._closed = False
+        self._pending = 0
+
+    def idle(self) -> bool:
+        """Nothing submitted is still to run (its ``done`` may still be on its way)."""
+        return self._pending == 0
 
     def submit(
         self, call: Callable[[], None], done: Callable[[BaseException | None], None]
@@ -89,6 +105,7 @@ class IssueThread:
             if not self._started:
                 self._started = True
                 _thread.start_new_thread(self._run, ())
+            self._pending += 1
             self._queue.put((call, done))
 
     def close(self) -> None:
@@ -113,6 +130,8 @@ class IssueThread:
                     call()
                 except BaseException as exc:
                     error = exc
+                with self._lock:
+                    self._pending -= 1
                 try:
                     done(error)
                 except BaseException:  # the caller's hand-back failed: the later work
@@ -132,6 +151,11 @@ class Comms:
         self.by_server = {id(s): c for s, c in zip(servers, comms, strict=True)}
         self.destroyed = False
         self.thread = IssueThread()
+        self._fast: set[Hashable] = set()
+        """The kinds of call whose last group took less than :data:`INLINE_BELOW`."""
+        self._inline = threading.Lock()
+        """Held by a group run on the caller's thread, and by :meth:`destroy` while it
+        frees the communicators."""
 
     def serves(self, servers: Sequence[Any]) -> bool:
         """True while these exact servers are the ones it was made for."""
@@ -144,6 +168,36 @@ class Comms:
         after the calls submitted before; see :meth:`IssueThread.submit`."""
         self.thread.submit(call, done)
 
+    def run_inline(self, key: Hashable | None, call: Callable[[], None]) -> bool:
+        """Run ``call`` (a group of kind ``key``) on the caller's thread, if it may run
+        there now: its kind's last group was fast, the issue thread has nothing queued,
+        and the set is not being destroyed. False: not run (submit it instead; a
+        destroyed set's thread refuses it, saying so). ``call``'s error is raised."""
+        if key not in self._fast or not self.thread.idle():
+            return False
+        if not self._inline.acquire(blocking=False):  # being destroyed: never wait
+            return False
+        try:
+            if self.destroyed:
+                return False
+            start = perf_counter()
+            try:
+                call()
+            finally:
+                self.timed(key, perf_counter() - start)
+            return True
+        finally:
+            self._inline.release()
+
+    def timed(self, key: Hashable | None, seconds: float) -> None:
+        """Record how long a group of kind ``key`` took (any thread)."""
+        if key is None:
+            return
+        if seconds < INLINE_BELOW:
+            self._fast.add(key)
+        else:
+            self._fast.discard(key)
+
     def destroy(self) -> None:
         """Free every communicator (once; blocking: the close thread, or exit), after
         the work already submitted has run; later submits are refused."""
@@ -152,11 +206,12 @@ class Comms:
         self.destroyed = True
         self.thread.close()
         first: BaseException | None = None
-        for comm in self.by_server.values():
-            try:
-                self.lib.comm_destroy(comm)
-            except Exception as exc:  # free the others still; the first is raised
-                first = first or exc
+        with self._inline:  # a group running on the caller's thread ends first
+            for comm in self.by_server.values():
+                try:
+                    self.lib.comm_destroy(comm)
+                except Exception as exc:  # free the others still; the first is raised
+                    first = first or exc
         if first is not None:
             raise first
 
