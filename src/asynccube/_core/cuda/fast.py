@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from ..values import stream_id
@@ -83,7 +84,7 @@ from . import driver
 from .driver import error_from
 from .native.hotpath import hot
 from .storage import PinnedBuffer
-from .transfers import SMALL_READ, TransferOps
+from .transfers import SMALL_READ, SMALL_WRITE, TransferOps
 
 if TYPE_CHECKING:
     from ..channel.channel import Channel
@@ -103,7 +104,7 @@ def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
     task_fn: Any
     task_arg: Any
     if channel.backend.name == "asyncio":
-        on_loop, task_fn, task_arg = None, asyncio.current_task, loop
+        on_loop, task_fn, task_arg = None, _current_task(), loop
     else:  # trio's adapter: the backend says whether we are on its run
         on_loop, task_fn, task_arg = channel.backend.on_loop, stream_id.current_task, None
     streams = server._streams
@@ -121,6 +122,7 @@ def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
     later = functools.partial(_read_later, server, channel)
     fast.set_read(Handle, Binding, server._small_reads, SMALL_READ, later, channel._fail,
                   channel.future_factory())  # fmt: skip
+    fast.set_write(server._small_writes, SMALL_WRITE, server.write_spare)
     table, memory = server._table, server._memory
     fast.set_alloc(
         Handle, SliceHandle, table._ids, table._slices, table.failed, table.queue._queue,
@@ -128,6 +130,17 @@ def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
         server.properties.max_allocation,
     )  # fmt: skip
     return fast
+
+
+def _current_task() -> Any:
+    """``asyncio.current_task`` as the routes call it, ``fn(loop)``: where it is a Python
+    function over asyncio's dict of each loop's current task (3.11: ``_current_tasks.get
+    (loop)``, all it does when given the loop), that dict's ``get``, a call without a
+    Python frame (the routes ask it up to five times a request); else itself."""
+    tasks = getattr(asyncio.tasks, "_current_tasks", None)
+    if type(tasks) is dict and inspect.isfunction(asyncio.current_task):
+        return tasks.get
+    return asyncio.current_task
 
 
 def _hold_launch(
