@@ -32,6 +32,7 @@ SCENARIOS = {
     "fast_propagate_scenario.py": ("propagate_skipped", "propagate_before_compile"),
     "fast_ahead_scenario.py": (
         "ahead_taken", "ahead_declined", "ahead_untracked", "ahead_write", "ahead_concurrent",
+        "ahead_records",
     ),
     "fast_write_scenario.py": ("write_taken", "write_in_flight", "write_declined", "write_error"),
     "fast_alloc_scenario.py": (
