@@ -53,6 +53,21 @@ read is done (either way), the stream is marked done up to it, as a sync marks i
 copy was queued after all the stream's earlier work): what was last used there before
 it is free at once when dropped, so ``fast.empty`` can take it without a sync.
 
+``fast.write(item, data)`` (``_native_write.c``) takes the copy of ``client.create(data)``
+for ``bytes`` of exactly the length of one Handle or Binding and at most ``SMALL_WRITE``
+bytes (the handle ``fast.empty`` just took), on the same conditions as a launch plus:
+no buffer tainted (the route's write clears a taint), and a page-locked staging buffer
+of that size the server keeps (``_small_writes``) that the device is done with: its
+last copy's stamp passed by its stream's ``done`` (a completed read or sync marks it, as
+for a dropped slice), or a new one ``TransferOps.write_spare`` gives (at most
+``WRITE_SPARES`` per size and ``WRITE_SPARE_BYTES`` in all; None: the route stages that
+write through its pool and retirer). It copies the bytes into it and queues
+``cuMemcpyHtoDAsync`` after moving the cursor and the stamp, as ``_write_one`` does; the
+buffer goes back on the list with the copy's stamp; a refused copy is held for the
+stream and taints the buffer (:func:`_hold_launch`), as ``fire_writing`` does. The
+spares are released at the server's close. False: nothing changed, the route writes.
+``write_stats`` counts these offers apart from the other routes'.
+
 ``fast.empty(size)`` (``_native_alloc.c``, twin ``_twin_alloc.py``) takes
 ``client.empty(size)`` (and ``create``'s allocation) on the same channel conditions when
 a slice of exactly ``size`` requested bytes, in the pool a reservation of ``size`` goes
