@@ -124,7 +124,7 @@ class FastLaunch:
         """What :meth:`write` needs (see ``_native_write.c``)."""
         from ...errors import InvalidArgument
 
-        if type(small_max) is not int:
+        if not isinstance(small_max, int):
             raise TypeError(f"set_write's size must be an int, got {small_max!r}")
         if not isinstance(small_writes, dict) or small_max < 0 or not callable(miss):
             raise InvalidArgument(
