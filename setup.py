@@ -30,6 +30,7 @@ NATIVE = Extension(
             "_plan",
             "_read",
             "_alloc",
+            "_write",
         )
     ],
     depends=["src/asynccube/_core/cuda/native/_native.h"],

@@ -47,7 +47,8 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 int cuEventRecord(void *e, void *s) { return 0; }
 int cuEventQuery(void *e) { return 0; }
 int cuStreamWaitEvent(void *s, void *e, unsigned flags) { return 0; }
-int cuMemcpyHtoDAsync_v2(u64 d, const void *h, unsigned long n, void *s) { return 0; }
+int fake_fail_htod = 0; /* set to a CUresult: every host-to-device copy fails with it */
+int cuMemcpyHtoDAsync_v2(u64 d, const void *h, unsigned long n, void *s) { return fake_fail_htod; }
 int fake_fail_dtoh = 0; /* set to a CUresult: every device-to-host copy fails with it */
 int cuMemcpyDtoHAsync_v2(void *h, u64 d, unsigned long n, void *s) { return fake_fail_dtoh; }
 int cuLaunchHostFunc(void *s, void (*fn)(void *), void *data) { fn(data); return 0; }
@@ -121,6 +122,9 @@ class FakeDriver:
 
     def cuMemcpyDtoHAsync(self, *args: Any) -> tuple[int]:
         return (ctypes.c_int.in_dll(self._lib, "fake_fail_dtoh").value,)  # as the C fake
+
+    def cuMemcpyHtoDAsync(self, *args: Any) -> tuple[int]:
+        return (ctypes.c_int.in_dll(self._lib, "fake_fail_htod").value,)  # as the C fake
 
     def cuLaunchKernel(self, fn: Any, gx: int, *args: Any) -> tuple[int]:
         return (1 if gx == 777 else 0,)  # as the C fake: a grid of 777 fails

@@ -131,14 +131,15 @@ def _area(key: tuple[str, int, str]) -> str:
     return _short(path)
 
 
-def fast_routes(client: Any) -> tuple[int, int, int, int] | None:
+def fast_routes(client: Any) -> tuple[int, ...] | None:
     """The CUDA server's one-call routes' counters (``empty``, launch and small read
     offers taken inline, declined; launches taken from the actor's queue, declined
-    there), or None (no such routes: the host server)."""
+    there; ``create``'s writes taken, declined), or None (no such routes: the host
+    server)."""
     fast = getattr(client, "_fast", None)
     if fast is None:
         return None
-    return (*fast.stats, *fast.queued_stats)
+    return (*fast.stats, *fast.queued_stats, *fast.write_stats)
 
 
 def profile_summary(prof: cProfile.Profile, n: int, top: int) -> str:
@@ -234,9 +235,10 @@ async def _profile_on(client: Any, args: argparse.Namespace, backend: str) -> st
                f"{args.device})\n\n" + table(head, phase_rows))  # fmt: skip
     if routes:
         out.append("The one-call routes (`FastLaunch`: `empty`, the launch, the small "
-                   "read; four offers per request), per request:\n\n"
-                   + table(["tasks", "taken inline", "declined", "launches taken from the "
-                            "actor's queue", "declined there"], routes))  # fmt: skip
+                   "read, four offers per request; `create`'s write, one), per request:"
+                   "\n\n" + table(["tasks", "taken inline", "declined", "launches taken "
+                            "from the actor's queue", "declined there", "writes taken",
+                            "writes declined"], routes))  # fmt: skip
     plain = asynccube_request(client, kernel, work)
     for tasks in args.tasks:
         per = max(2, args.requests // tasks)

@@ -44,7 +44,7 @@ def on(stream: int) -> Any:
 
 def queued(s: Setup) -> tuple[int, int]:
     """(commands queued, tracked commands counted in the footprint)."""
-    footprint = s.client._footprint
+    footprint = s.client._channel.footprint
     assert footprint is not None, "a CUDA client tracks its hot commands"
     return len(s.client._channel._queue), footprint.queued
 
@@ -104,7 +104,7 @@ async def ahead_taken() -> None:
     assert g.memory.id in streams.last_use and h.memory.id not in streams.last_use
     assert len(await fut) == 1
     await c.sync()
-    footprint = c._footprint
+    footprint = c._channel.footprint
     assert footprint is not None
     assert queued(s) == (0, 0) and not footprint.streams and not footprint.buffers
     assert streams.streams.get_index(A).cursor > cursor_a and h.memory.id in streams.last_use
@@ -266,10 +266,48 @@ async def ahead_concurrent() -> None:
     await c.close()
 
 
+async def ahead_records() -> None:
+    """A command sent with its stream and buffers gets a ``Tracked`` record only when it
+    waits in the queue: run at once (the actor idle, or ahead of other streams' queued
+    commands) it gets none."""
+    from asynccube._core.channel.footprint import Tracked
+
+    s = await Setup().ready()
+    c = s.client
+    xa, xb, done = prepared(s)
+    await done
+    made: list[int] = []
+    init = Tracked.__init__
+
+    def counting(self: Tracked, footprint: Any, stream: int, *rest: Any) -> None:
+        made.append(stream)
+        init(self, footprint, stream, *rest)
+
+    Tracked.__init__ = counting  # type: ignore[method-assign]
+    try:
+        with on(B):
+            c.write([(xb.copy_descriptor((SIZE,), (1,), 1), bytes(SIZE))])  # idle: inline
+        assert made == [], made
+        queue_on_a(s, xa)  # two commands of A queued: a record each
+        assert made == [A, A], made
+        with on(B):
+            c._channel._inline_spent = 0.0
+            c.write([(xb.copy_descriptor((SIZE,), (1,), 1), bytes(SIZE))])  # ahead of A's
+        assert made == [A, A] and queued(s) == (2, 2), (made, queued(s))
+    finally:
+        Tracked.__init__ = init  # type: ignore[method-assign]
+    await c.sync()
+    assert queued(s) == (0, 0), queued(s)
+    await c.close()
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
-    for f in (ahead_taken, ahead_declined, ahead_untracked, ahead_write, ahead_concurrent)
-}
+    for f in (
+        ahead_taken, ahead_declined, ahead_untracked, ahead_write, ahead_concurrent,
+        ahead_records,
+    )
+}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -80,10 +80,12 @@ def test_the_profile_tool_runs_the_cuda_path_on_the_no_op_driver() -> None:
     out = _run("profile_requests.py", "--fake-cuda", "--tasks", "1,4", "--requests", "64",
                "--top", "3")  # fmt: skip
     assert "on cuda (no-op driver)" in out
-    routes = [r for r in _rows(out, "1") + _rows(out, "4") if len(r) == 5]
+    routes = [r for r in _rows(out, "1") + _rows(out, "4") if len(r) == 7]
     assert [r[0] for r in routes] == ["1", "4"]
     for row in routes:  # two allocations, a launch and a read offered to the routes
         assert float(row[1]) + float(row[2]) == pytest.approx(4.0, abs=0.05)
+        # create's write, offered once its allocation was taken: taken once warm
+        assert 0.5 < float(row[5]) <= float(row[5]) + float(row[6]) <= 1.05
     assert out.count("Calls per request: ") == 2
 
 

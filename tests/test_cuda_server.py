@@ -346,3 +346,30 @@ async def test_a_buffer_a_queued_command_writes_is_read_after_it(gpu: ac.Compute
     assert await ahead == [np.full(n, 5, np.float32).tobytes()]
     (out,) = await behind  # the add's result: the read was ordered after the write
     assert np.array_equal(np.frombuffer(out, np.float32), np.full(n, 2, np.float32))
+
+
+async def test_create_stages_each_body_until_the_device_copied_it(
+    gpu: ac.ComputeClient,
+) -> None:
+    """``create(bytes)`` through ``FastLaunch.write``: bodies created while their stream
+    is busy (a 50 ms kernel queued ahead of their copies) each get a staging buffer of
+    their own, and every buffer reads back its own body; once read (the stream passed
+    the copies), the next creates reuse those staging buffers."""
+    size, n = 4096, 8
+    fast = gpu._fast  # type: ignore[attr-defined]
+    dropped = [gpu.empty(size) for _ in range(2 * n)]  # slices for fast.empty to take
+    await gpu.sync()
+    del dropped
+    gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(0.05))
+    hits = fast.write_stats[0]
+    made = [gpu.create(bytes([i]) * size) for i in range(n)]
+    assert fast.write_stats[0] - hits == n, fast.write_stats
+    spares = gpu.server._small_writes[size]  # type: ignore[attr-defined]
+    assert len({id(buf) for buf, _ in spares}) == n
+    for i, h in enumerate(made):
+        assert await gpu.read([h]) == [bytes([i]) * size]
+    kept = {id(buf) for buf, _ in spares}
+    again = [gpu.create(bytes([100 + i]) * size) for i in range(n)]
+    assert {id(buf) for buf, _ in spares} == kept, "the staging buffers were reused"
+    for i, h in enumerate(again):
+        assert await gpu.read([h]) == [bytes([100 + i]) * size]

@@ -32,7 +32,9 @@ SCENARIOS = {
     "fast_propagate_scenario.py": ("propagate_skipped", "propagate_before_compile"),
     "fast_ahead_scenario.py": (
         "ahead_taken", "ahead_declined", "ahead_untracked", "ahead_write", "ahead_concurrent",
+        "ahead_records",
     ),
+    "fast_write_scenario.py": ("write_taken", "write_in_flight", "write_declined", "write_error"),
     "fast_alloc_scenario.py": (
         "alloc_taken", "alloc_declined", "alloc_passed", "alloc_other_task", "alloc_create",
         "alloc_errors", "alloc_after_read", "alloc_carried",
@@ -125,6 +127,25 @@ def test_set_alloc_checks_its_arguments(hot: Any) -> None:
     assert fast.empty(1024) is None  # the channel is closed: the route
     assert fast.empty("1024") is None
     assert tuple(fast.stats) == (0, 2)
+
+
+def test_set_write_checks_its_arguments(hot: Any) -> None:
+    fast = hot.FastLaunch(*_args())
+    assert fast.write(1, b"x") is False  # set_write not called: the route
+    for bad in (([], 64, len), ({}, -1, len), ({}, 64, 42)):
+        with pytest.raises(InvalidArgument, match="set_write needs"):
+            fast.set_write(*bad)
+    with pytest.raises(TypeError):
+        fast.set_write({}, "64", len)
+    fast.set_write({}, 64, lambda n: None)
+    with pytest.raises(TypeError):
+        fast.write(1)
+    with pytest.raises(TypeError):
+        fast.write(1, b"x", 3)
+    assert fast.write(None, None) is False  # the channel is closed: the route
+    assert fast.write(1, b"x") is False
+    assert tuple(fast.write_stats) == (0, 2)
+    assert tuple(fast.stats) == (0, 0)  # counted apart from the other routes
 
 
 def _run(script: str, env_twin: bool) -> subprocess.CompletedProcess[str]:

@@ -155,3 +155,16 @@ def test_with_scalar_refuses_bad_values_every_time_and_caches_no_other_kind() ->
     assert floats[0].data != floats[1].data  # floats are not shared: -0.0 == 0.0
     big = ac.Bindings().with_scalar(np.uint64, [2**64 - 1]).scalars[np.dtype(np.uint64)]
     assert big.data == np.array([2**64 - 1], np.uint64).tobytes()
+
+
+def test_an_empty_metadata_binding_shares_one_read_only_array() -> None:
+    """A Bindings' default metadata builds no array (a request builds one Bindings per
+    launch): the empty data is shared and cannot be written; given data is its own."""
+    a, b = ac.Bindings().metadata, ac.MetadataBinding()
+    assert a is not b and a.data is b.data and a.data.size == 0
+    assert a.data.dtype == np.uint32 and not a.data.flags.writeable
+    with pytest.raises(ValueError):  # shared: never grown in place
+        a.data.resize(4)
+    given_data = ac.MetadataBinding([1, 2], static_len=1)
+    assert given_data.data.tolist() == [1, 2] and given_data.data.flags.writeable
+    assert ac.MetadataBinding([]).data.size == 0 and ac.MetadataBinding(()).static_len == 0

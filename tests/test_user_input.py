@@ -177,6 +177,7 @@ async def test_bindings_builders_refuse_what_is_not_a_list_of_buffers(
         (b.with_buffers, None, r"with_buffers: bindings must be a list, got NoneType"),
         (b.with_buffers, h, r"with_buffers: bindings must be a list, got Handle"),
         (b.with_buffers, [h, "x"], r"with_buffers: bindings\[1\] must be a Handle"),
+        (b.with_buffers, [h.binding(), "x"], r"with_buffers: bindings\[1\] must be a Handle"),
         (b.with_buffer, None, r"with_buffer: binding must be a Handle or Binding"),
         (b.with_scalars, None, r"with_scalars: bindings must be a list"),
         (b.with_scalars, [1.0], r"with_scalars: bindings must hold ScalarBindings"),

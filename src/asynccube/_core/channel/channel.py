@@ -13,9 +13,11 @@ trio's adapter): :mod:`.settle`, the channel's base. If the actor dies, every pe
 and later awaitable fails at once with ClientDeadError (after a sticky device error,
 with that DeviceError): :mod:`.closing`, with the close.
 
-A command whose stream and buffers are known (a :class:`~.footprint.Tracked` op) also
-runs at once, within the budget, and the one-call routes take theirs, while only such
-commands are queued and none of them is on its stream or binds its buffers.
+A command whose stream and buffers are known (sent with :meth:`Channel.send_tracked`,
+on a channel given a :class:`~.footprint.Footprint`) also runs at once, within the
+budget, and the one-call routes take theirs, while only such commands are queued and
+none of them is on its stream or binds its buffers. Its :class:`~.footprint.Tracked`
+record is made only when it waits in the queue (or an exclusive block holds it).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from .closing import State, begin_close, die
 from .closing import awaited as _awaited
 from .completion import CompletionWatcher
 from .exclusive import SCOPE, Block, Gate
-from .footprint import Tracked
+from .footprint import Footprint, Tracked
 from .held import HeldErrors
 from .settle import PRUNE_AT, Op, Settling
 
@@ -75,6 +77,7 @@ class Channel(Settling):
         "backend",
         "budget",
         "exclusive_gate",
+        "footprint",
         "guard",
         "loop",
         "server",
@@ -133,6 +136,9 @@ class Channel(Settling):
         self.exclusive_gate: Gate | None = None
         """The turns of exclusive blocks (made by the first ``client.exclusive()``)."""
         self._activate: Callable[[], None] | None = getattr(server, "activate", None)
+        self.footprint: Footprint | None = None
+        """Set (by the client) where the server has one-call routes: the streams and
+        buffers of the tracked commands queued (:meth:`send_tracked`, :mod:`.footprint`)."""
         self._actor = loop.create_task(self._run(), name="asynccube-actor")
         # An actor cancelled before it ever ran (a loop torn down at once) runs no
         # ``except``: its end is seen here, so nothing waits for it forever.
@@ -218,6 +224,41 @@ class Channel(Settling):
             op.enqueue()
         self._queue.append((op, args))
         self._wake()
+
+    def send_tracked(self, op: Op, mids: list[int], stream: Any, *args: Any) -> None:
+        """:meth:`send` of ``op(stream, *args)``, a command of ``stream`` (a StreamId)
+        binding the buffers ``mids`` (memory ids): with a footprint, it also runs at once
+        ahead of queued commands when none of them is on its stream or binds its buffers
+        (:mod:`.footprint`); its :class:`~.footprint.Tracked` record is made only when it
+        waits in the queue. Without a footprint, a plain :meth:`send`."""
+        footprint = self.footprint
+        if footprint is None:
+            self.send(op, stream, *args)
+            return
+        if self._exclusive is None:
+            if self._wakeup is not None and not self._queue and self._inline_budget():
+                self._run_inline(op, (stream, *args))
+                return
+            queued = len(self._queue)
+            if (
+                queued
+                and not self._blocked
+                and self.guard is None
+                and self._inline_budget()
+                and footprint.clear_of(queued, stream.value, mids)
+            ):
+                self._run_inline(op, (stream, *args))
+                return
+        tracked = Tracked(footprint, stream.value, mids, op)
+        self.send(tracked, stream, *args)  # queued (counted in), or an exclusive block's
+
+    def request_tracked(
+        self, op: Op, mids: list[int], stream: Any, *args: Any
+    ) -> asyncio.Future[Any]:
+        """:meth:`request` as :meth:`send_tracked` sends: ``op(stream, *args, fut)``."""
+        fut = self._pending_future()
+        self.send_tracked(op, mids, stream, *args, fut)
+        return fut
 
     def _ahead(self, op: Tracked) -> bool:
         """True when ``op`` may run now, ahead of the queue: the actor awaits no command,

@@ -1,10 +1,11 @@
 """What a channel's queued commands touch: their streams and their buffers.
 
-A command sent as a :class:`Tracked` op says which stream it runs on (its StreamId's
-value) and which buffers it binds (their memory ids). The channel's :class:`Footprint`
+A command sent with ``Channel.send_tracked`` says which stream it runs on (its
+StreamId's value) and which buffers it binds (their memory ids). When it must wait in
+the queue it goes there as a :class:`Tracked` op, and the channel's :class:`Footprint`
 counts, for the tracked commands waiting in its queue, how many are on each stream and
 how many bind each buffer; a tracked command leaves the count when it runs (the actor's
-drain, ``run_queued_inline``, or inline).
+drain, ``run_queued_inline``, or inline). One that runs at once needs no record.
 
 The count lets a command run ahead of the queue where ordering allows it: when every
 queued command is tracked (nothing else waits: no sync, no close, no compile the actor
@@ -46,10 +47,6 @@ class Footprint:
         """StreamId value -> tracked commands queued on it."""
         self.buffers: dict[int, int] = {}
         """Memory id -> tracked commands queued that bind it."""
-
-    def op(self, stream: Any, mids: Sequence[int], op: Callable[..., Any]) -> Tracked:
-        """``op`` as a tracked command of ``stream`` (a StreamId) binding ``mids``."""
-        return Tracked(self, stream.value, mids, op)
 
     def clear_of(self, queue_length: int, stream: int, mids: Sequence[int]) -> bool:
         """True when every queued command is tracked and none is on ``stream`` or binds

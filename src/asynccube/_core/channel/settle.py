@@ -69,13 +69,18 @@ class Settling:
 
     def request(self, op: Op, *args: Any) -> asyncio.Future[Any]:
         """Queue a command whose last argument is the future it resolves; return it."""
+        fut = self._pending_future()
+        self.send(op, *args, fut)
+        return fut
+
+    def _pending_future(self) -> asyncio.Future[Any]:
+        """A client future for a request, failed at once if the actor dies."""
         fut = new_future(self._future_class, self.loop, self._held)
         pending = self._pending
         if len(pending) >= self._prune_at:
             pending.difference_update([f for f in pending if f.done()])
             self._prune_at = max(PRUNE_AT, 2 * len(pending))
         pending.add(fut)
-        self.send(op, *args, fut)
         return fut
 
     def track(self, fut: asyncio.Future[Any]) -> None:

@@ -116,19 +116,17 @@ class ComputeClient(ClientCoordination, ClientSurface):
         # launch first; it declines (False) whatever it does not take, before any change.
         fast = getattr(server, "fast_launcher", None)
         self._fast: Any = fast(channel) if fast is not None else None
-        # With one, the hot commands go to the channel as Tracked ops (their stream and
-        # buffers known), so that a command (or a one-call route) whose stream and
+        # With one, the hot commands go to the channel with their stream and buffers
+        # (``send_tracked``), so that a command (or a one-call route) whose stream and
         # buffers nothing queued touches need not wait behind other tasks' commands.
-        self._footprint: Footprint | None = None
         if self._fast is not None:
-            self._footprint = Footprint()
-            self._fast.set_footprint(self._footprint)
+            channel.footprint = Footprint()
+            self._fast.set_footprint(channel.footprint)
         syncer = getattr(server, "fast_syncer", None)  # CUDA: cuda/fast_sync.py
         self._fast_sync: Any = syncer(channel) if syncer is not None else None
         # The parts (see the module docstring).
         self._dispatch = dispatch = Dispatch(channel, self._jobs)
         self._movement = DataMovement(server, channel, dispatch, self._jobs)
-        self._movement.footprint = self._footprint
         self._memory = ClientMemory(server, channel, dispatch, self._movement)
         self._launcher = Launcher(server, channel, dispatch, self._fast)
         self._profiler = ClientProfiler(server, channel, dispatch)
@@ -181,27 +179,38 @@ class ComputeClient(ClientCoordination, ClientSurface):
         on this stream after it returns (docs: "Data is snapshotted, large data is
         borrowed").
         """
-        self._channel.check()
-        raw = self._movement.snapshot(data)
+        fast = self._fast
+        if fast is not None and type(data) is bytes:
+            # FastLaunch.empty (a pool hit) and .write (the staging copy and its command):
+            # two calls, each declining before any change (the route then acts)
+            handle: Handle | None = fast.empty(len(data))
+            if handle is not None:
+                if fast.write(handle, data):
+                    return handle
+                return self._write_created(handle, data, len(data))
+            self._channel.check()
+            raw: Any = data  # bytes: taken by reference
+        else:
+            self._channel.check()
+            raw = self._movement.snapshot(data)
+            handle = fast.empty(memoryview(raw).nbytes) if fast is not None else None
+            if handle is not None:
+                return self._write_created(handle, raw, memoryview(raw).nbytes)
         nbytes = memoryview(raw).nbytes
-        fast = self._fast  # FastLaunch.empty: a pool hit in one call, then the copy
-        handle: Handle | None = fast.empty(nbytes) if fast is not None else None
         stream = StreamId.current()
-        if handle is not None:
-            copy = [(handle.copy_descriptor((nbytes,), (1,), 1), raw)]
-            write = self._tracked(self._movement.write_on_actor, stream, [handle.memory.id])
-            self._channel.send(write, stream, copy)
-            return handle
         handle = self._memory.mint(nbytes, stream)
-        create = self._tracked(self._movement.create_with_data, stream, [handle.memory.id])
-        self._channel.send(create, stream, handle, raw)
+        create = self._movement.create_with_data
+        self._channel.send_tracked(create, [handle.memory.id], stream, handle, raw)
         return handle
 
-    def _tracked(self, op: Any, stream: StreamId, mids: list[int]) -> Any:
-        """``op`` as a command of ``stream`` binding the buffers ``mids``, tracked by
-        the channel's footprint where the server has one-call routes (else ``op``)."""
-        footprint = self._footprint
-        return op if footprint is None else footprint.op(stream, mids, op)
+    def _write_created(self, handle: Handle, raw: Any, nbytes: int) -> Handle:
+        """``create``'s copy into ``handle`` (just taken by ``FastLaunch.empty``) through
+        the route: a tracked write command."""
+        stream = StreamId.current()
+        copy = [(handle.copy_descriptor((nbytes,), (1,), 1), raw)]
+        write = self._movement.write_on_actor
+        self._channel.send_tracked(write, [handle.memory.id], stream, copy)
+        return handle
 
     def empty(self, size: int) -> Handle:
         """A new uninitialized buffer of ``size`` bytes."""
@@ -219,8 +228,8 @@ class ComputeClient(ClientCoordination, ClientSurface):
             channel.check()  # raises, unless only the capture guard had to see it
         stream = StreamId.current()
         handle = self._memory.mint(size, stream)
-        fire = self._tracked(channel.fire, stream, [handle.memory.id])
-        channel.send(fire, stream, self._server.create, [handle])
+        create = self._server.create
+        channel.send_tracked(channel.fire, [handle.memory.id], stream, create, [handle])
         return handle
 
     def create_tensors(
@@ -272,11 +281,9 @@ class ComputeClient(ClientCoordination, ClientSurface):
                 return done  # type: ignore[no-any-return]
         self._channel.check()
         descs = [_read_item(b) for b in _items("read", "bindings", bindings)]
-        stream = StreamId.current()
-        read: Any = self._movement.read_on_actor
-        if self._footprint is not None:
-            read = self._footprint.op(stream, [d.binding.memory.id for d in descs], read)
-        return self._channel.request(read, stream, descs)
+        mids = [d.binding.memory.id for d in descs]
+        read = self._movement.read_on_actor
+        return self._channel.request_tracked(read, mids, StreamId.current(), descs)
 
     def read_tensor(self, descriptors: Sequence[CopyDescriptor]) -> asyncio.Future[list[bytes]]:
         """The bytes of each (possibly strided) tensor, densely packed (awaitable)."""
@@ -344,12 +351,13 @@ class ComputeClient(ClientCoordination, ClientSurface):
                 _foreign_launch(owner, count, bindings)
         if count.binding is not None and channel.guard is not None:
             channel.guard("execute with a dynamic CubeCount")  # its count is read back first
-        launch: Any = self._launcher.launch
+        launch = self._launcher.launch
         stream = StreamId.current()
-        footprint = self._footprint
-        if footprint is not None and count.binding is None and not bindings.tensor_maps:
-            launch = footprint.op(stream, [b.memory.id for b in bindings.buffers], launch)
-        channel.send(launch, stream, kernel, count, bindings, mode)
+        if count.binding is None and not bindings.tensor_maps:  # its buffers all known
+            mids = [b.memory.id for b in bindings.buffers]
+            channel.send_tracked(launch, mids, stream, kernel, count, bindings, mode)
+        else:
+            channel.send(launch, stream, kernel, count, bindings, mode)
 
     def flush(self) -> None:
         """Submit work buffered for the calling task's stream."""

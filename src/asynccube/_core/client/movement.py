@@ -16,7 +16,6 @@ import numpy as np
 import numpy.typing as npt
 
 from ..channel.channel import Channel
-from ..channel.footprint import Footprint
 from ..errors import InvalidArgument
 from ..server.protocol import BindingResource, ComputeServer
 from ..values.stream_id import StreamId
@@ -62,9 +61,6 @@ class DataMovement:
         # The token this server's handles carry: a write into another client's buffer
         # is refused at the call (None: a server without one, unchecked).
         self._owner: object = getattr(server, "handle_owner", None)
-        self.footprint: Footprint | None = None
-        """The client's footprint where its server has one-call routes: writes and
-        reads go to the channel as tracked commands (``channel/footprint.py``)."""
 
     # -- host data on its way in --------------------------------------------------------
 
@@ -107,16 +103,8 @@ class DataMovement:
             for desc, _ in copies:
                 if desc.binding.memory.queue is not owner:
                     raise _foreign("write", desc.binding)
-        stream = StreamId.current()
-        write = self._tracked(self.write_on_actor, stream, [d.binding for d, _ in copies])
-        self._channel.send(write, stream, copies)
-
-    def _tracked(self, op: Any, stream: StreamId, bindings: list[Binding]) -> Any:
-        """``op`` as a tracked command of ``stream`` over ``bindings`` (else ``op``)."""
-        footprint = self.footprint
-        if footprint is None:
-            return op
-        return footprint.op(stream, [b.memory.id for b in bindings], op)
+        mids = [d.binding.memory.id for d, _ in copies]
+        self._channel.send_tracked(self.write_on_actor, mids, StreamId.current(), copies)
 
     def write_on_actor(self, stream: StreamId, copies: list[tuple[CopyDescriptor, Any]]) -> Any:
         """The actor's half of a write: staged first where the server asks."""
@@ -148,9 +136,8 @@ class DataMovement:
         """See :meth:`ComputeClient.read_tensor`."""
         self._channel.check()
         descs = [_descriptor(d) for d in _items("read_tensor", "descriptors", descriptors)]
-        stream = StreamId.current()
-        read = self._tracked(self.read_on_actor, stream, [d.binding for d in descs])
-        return self._channel.request(read, stream, descs)
+        mids = [d.binding.memory.id for d in descs]
+        return self._channel.request_tracked(self.read_on_actor, mids, StreamId.current(), descs)
 
     def read_arrays(self, descs: list[CopyDescriptor]) -> asyncio.Future[list[Any]] | None:
         """Like :meth:`read_tensor` (the caller checked the channel), each result a new

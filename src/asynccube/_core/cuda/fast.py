@@ -53,6 +53,21 @@ read is done (either way), the stream is marked done up to it, as a sync marks i
 copy was queued after all the stream's earlier work): what was last used there before
 it is free at once when dropped, so ``fast.empty`` can take it without a sync.
 
+``fast.write(item, data)`` (``_native_write.c``) takes the copy of ``client.create(data)``
+for ``bytes`` of exactly the length of one Handle or Binding and at most ``SMALL_WRITE``
+bytes (the handle ``fast.empty`` just took), on the same conditions as a launch plus:
+no buffer tainted (the route's write clears a taint), and a page-locked staging buffer
+of that size the server keeps (``_small_writes``) that the device is done with: its
+last copy's stamp passed by its stream's ``done`` (a completed read or sync marks it, as
+for a dropped slice), or a new one ``TransferOps.write_spare`` gives (at most
+``WRITE_SPARES`` per size and ``WRITE_SPARE_BYTES`` in all; None: the route stages that
+write through its pool and retirer). It copies the bytes into it and queues
+``cuMemcpyHtoDAsync`` after moving the cursor and the stamp, as ``_write_one`` does; the
+buffer goes back on the list with the copy's stamp; a refused copy is held for the
+stream and taints the buffer (:func:`_hold_launch`), as ``fire_writing`` does. The
+spares are released at the server's close. False: nothing changed, the route writes.
+``write_stats`` counts these offers apart from the other routes'.
+
 ``fast.empty(size)`` (``_native_alloc.c``, twin ``_twin_alloc.py``) takes
 ``client.empty(size)`` (and ``create``'s allocation) on the same channel conditions when
 a slice of exactly ``size`` requested bytes, in the pool a reservation of ``size`` goes
@@ -71,6 +86,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from ..values import stream_id
@@ -83,7 +99,7 @@ from . import driver
 from .driver import error_from
 from .native.hotpath import hot
 from .storage import PinnedBuffer
-from .transfers import SMALL_READ, TransferOps
+from .transfers import SMALL_READ, SMALL_WRITE, TransferOps
 
 if TYPE_CHECKING:
     from ..channel.channel import Channel
@@ -103,7 +119,7 @@ def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
     task_fn: Any
     task_arg: Any
     if channel.backend.name == "asyncio":
-        on_loop, task_fn, task_arg = None, asyncio.current_task, loop
+        on_loop, task_fn, task_arg = None, _current_task(), loop
     else:  # trio's adapter: the backend says whether we are on its run
         on_loop, task_fn, task_arg = channel.backend.on_loop, stream_id.current_task, None
     streams = server._streams
@@ -121,6 +137,7 @@ def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
     later = functools.partial(_read_later, server, channel)
     fast.set_read(Handle, Binding, server._small_reads, SMALL_READ, later, channel._fail,
                   channel.future_factory())  # fmt: skip
+    fast.set_write(server._small_writes, SMALL_WRITE, server.write_spare)
     table, memory = server._table, server._memory
     fast.set_alloc(
         Handle, SliceHandle, table._ids, table._slices, table.failed, table.queue._queue,
@@ -128,6 +145,17 @@ def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
         server.properties.max_allocation,
     )  # fmt: skip
     return fast
+
+
+def _current_task() -> Any:
+    """``asyncio.current_task`` as the routes call it, ``fn(loop)``: where it is a Python
+    function over asyncio's dict of each loop's current task (3.11: ``_current_tasks.get
+    (loop)``, all it does when given the loop), that dict's ``get``, a call without a
+    Python frame (the routes ask it up to five times a request); else itself."""
+    tasks = getattr(asyncio.tasks, "_current_tasks", None)
+    if type(tasks) is dict and inspect.isfunction(asyncio.current_task):
+        return tasks.get
+    return asyncio.current_task
 
 
 def _hold_launch(

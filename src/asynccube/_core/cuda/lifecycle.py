@@ -65,10 +65,17 @@ class LifecycleOps(ServerCore):
         done.set_result(None)
 
     def _release_small_reads(self) -> None:
+        """Release the spare pinned buffers of small reads and of ``FastLaunch.write``
+        (the device is idle: the close thread synchronized it)."""
         for kept in self._small_reads.values():
             for buf in kept:
                 buf.release()
         self._small_reads.clear()
+        for spares in self._small_writes.values():
+            for buf, _ in spares:
+                buf.release()
+        self._small_writes.clear()
+        self._write_spare_bytes = 0
 
     def _teardown(self, reset: bool) -> None:
         d = cu()

@@ -145,6 +145,9 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps, ForeignOps):
         self._janitor: ThreadPoolExecutor | None = None
         self._staged_reads: dict[int, PinnedBuffer] = {}
         self._small_reads: dict[int, list[PinnedBuffer]] = {}
+        # FastLaunch.write's staging buffers: size -> [(buffer, stamp of its last copy)]
+        self._small_writes: dict[int, list[tuple[PinnedBuffer, tuple[StreamId, int]]]] = {}
+        self._write_spare_bytes = 0
         self._created_at: dict[int, tuple[StreamId, int]] = {}
         self.held_errors = HeldErrors()
         """Errors held per logical stream and tainted buffers (the channel uses this

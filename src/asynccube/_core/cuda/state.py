@@ -90,6 +90,8 @@ class ServerCore(SliceServer[SliceHandle]):
     _janitor: ThreadPoolExecutor | None
     _staged_reads: dict[int, PinnedBuffer]
     _small_reads: dict[int, list[PinnedBuffer]]
+    _small_writes: dict[int, list[tuple[PinnedBuffer, tuple[StreamId, int]]]]
+    _write_spare_bytes: int
     _created_at: dict[int, tuple[StreamId, int]]
     held_errors: HeldErrors
     _profiles: dict[int, Any]

@@ -22,7 +22,7 @@ from .native.hotpath import hot
 from .storage import PinnedBuffer, PinnedPool
 from .timing import ProfileOps
 
-__all__ = ["INLINE_BYTES", "ZERO_COPY_READ", "TransferOps"]
+__all__ = ["INLINE_BYTES", "SMALL_WRITE", "ZERO_COPY_READ", "TransferOps"]
 
 ZERO_COPY_READ: Final = 1 << 20
 """Reads of at least this many bytes come back as memoryviews of pinned memory."""
@@ -38,6 +38,13 @@ pinned memory when a free buffer of its size exists (:meth:`TransferOps.snapshot
 host copy where a copy to ``bytes`` and then into a pinned buffer would make two."""
 SMALL_READ: Final = 64 << 10
 """Reads up to this many bytes reuse pinned buffers the server keeps per size."""
+SMALL_WRITE: Final = 64 << 10
+"""Writes of ``bytes`` up to this many bytes may go through ``FastLaunch.write``, which
+keeps page-locked staging buffers per size (:meth:`TransferOps.write_spare`)."""
+WRITE_SPARES: Final = 64
+"""Staging buffers ``FastLaunch.write`` keeps per size (one per write in flight)."""
+WRITE_SPARE_BYTES: Final = 16 << 20
+"""Bytes of staging buffers ``FastLaunch.write`` keeps in all."""
 COPY_THREADS: Final = max(1, min(8, os.cpu_count() or 1))
 """Threads a large host copy is split over."""
 
@@ -105,6 +112,26 @@ class TransferOps(ProfileOps):
         if err:
             raise error_from(err, "cuMemcpyHtoDAsync")
         return True
+
+    def write_spare(self, nbytes: int) -> PinnedBuffer | None:
+        """A new staging buffer of ``nbytes`` for ``FastLaunch.write`` to keep in
+        ``_small_writes[nbytes]`` (the list made here), or None when it keeps enough
+        (``WRITE_SPARES`` per size, 32 sizes, ``WRITE_SPARE_BYTES`` in all) or the server
+        is closing: the route stages that write. Taken as the route's ``_stage`` takes
+        one (allocated when the pool has none: small sizes only)."""
+        spares = self._small_writes.get(nbytes)
+        if spares is None:
+            if len(self._small_writes) >= 32:
+                return None
+            spares = self._small_writes[nbytes] = []
+        if len(spares) >= WRITE_SPARES or self.closed:
+            return None
+        cap = self._pinned.class_size(nbytes)
+        if self._write_spare_bytes + cap > WRITE_SPARE_BYTES:
+            return None
+        buf = self._pinned.take(nbytes)
+        self._write_spare_bytes += buf.capacity
+        return buf
 
     def snapshot(self, data: Any) -> memoryview | None:
         """A copy of host data of ``SNAPSHOT_BYTES`` or more taken now, straight into a

@@ -251,14 +251,21 @@ def _scalars(ty: npt.DTypeLike, values: object) -> ScalarBinding:
     return sb
 
 
+_NO_METADATA: Final = np.zeros(0, dtype=np.uint32)
+"""The data of every empty MetadataBinding (no element to change: read-only, shared)."""
+_NO_METADATA.flags.writeable = False
+
+
 class MetadataBinding:
     """Packed ``uint32`` metadata of a launch (shapes, strides, lengths)."""
 
     __slots__ = ("data", "static_len")
 
     def __init__(self, data: npt.ArrayLike = (), static_len: int = 0) -> None:
-        arr = np.asarray(data, dtype=np.uint32).reshape(-1)
-        self.data: npt.NDArray[np.uint32] = arr
+        if isinstance(data, tuple) and not data:  # a Bindings' default: no array built
+            self.data: npt.NDArray[np.uint32] = _NO_METADATA
+        else:
+            self.data = np.asarray(data, dtype=np.uint32).reshape(-1)
         self.static_len = static_len
 
     def __repr__(self) -> str:
@@ -378,9 +385,16 @@ class Bindings:
         """Add buffer bindings in order (a Handle stands for its whole binding)."""
         if type(bindings) not in (list, tuple):
             bindings = _listed("with_buffers", "bindings", bindings, "[a, b]")
-        self.buffers.extend(
-            [_as_binding(b, "with_buffers: bindings", i) for i, b in enumerate(bindings)]
-        )
+        buffers = self.buffers
+        n = len(buffers)
+        for b in bindings:  # Bindings as they are (the common case: no call per item)
+            if type(b) is not Binding:
+                del buffers[n:]  # all or nothing, as one extend
+                buffers.extend(
+                    [_as_binding(b, "with_buffers: bindings", i) for i, b in enumerate(bindings)]
+                )
+                break
+            buffers.append(b)
         return self
 
     def with_scalar(self, ty: npt.DTypeLike, values: npt.ArrayLike) -> Bindings:

@@ -2,7 +2,8 @@
  * module and driver loading; _native.c: argument checks; _native_launch.c: argument blocks
  * and launches;
  * _native_copies.c: events, copies, pointers; _native_notify.c: completion pipes;
- * _native_fast.c, _native_plan.c, _native_read.c, _native_alloc.c: FastLaunch).
+ * _native_fast.c, _native_plan.c, _native_read.c, _native_alloc.c, _native_write.c:
+ * FastLaunch).
  * Built with -fvisibility=hidden: nothing but PyInit__native leaves the module. */
 #ifndef ASYNCCUBE_NATIVE_H
 #define ASYNCCUBE_NATIVE_H
@@ -167,6 +168,12 @@ typedef struct {
      * -> (entry, slice, page, offset)), carried to a new handle that takes one of them
      * from the manager's pending ones while it is still that range (NULL until then) */
     PyObject *carried;
+    /* write(): set by set_write() (NULL until then): the server's spare staging buffers
+     * (size -> [(buffer, stamp of its last copy)]), the largest size taken, and the
+     * server's callable that gives a new spare of a size (or None: the route stages) */
+    PyObject *small_writes, *write_miss;
+    long write_max;
+    unsigned long long w_hits, w_declined;
     Py_ssize_t h_off[6], t_off[2];
     unsigned sh_val[4], go_val[3];
     unsigned long long fn_val, st_val;
@@ -229,6 +236,11 @@ int plan_queued(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a);
  * address, size (p->nbytes), stream slot; 0 when the Python route must take it. */
 int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item);
 
+/* The same for a write of `data` (bytes of exactly the binding's length, at most
+ * f->write_max) into `item`: channel, no tainted buffer, stream, address, stream slot;
+ * 0 when the Python route must take it. */
+int plan_write(FastLaunch *f, Refs *r, Plan *p, PyObject *item, PyObject *data);
+
 /* Parts of plan() that empty() shares: the channel ready, the caller's stream, and the
  * wrapper of stream slot `own` (created on first use); each 0 when the route must act. */
 int channel_ready(FastLaunch *f, Refs *r, Plan *p);
@@ -243,6 +255,7 @@ Py_ssize_t member_offset(PyTypeObject *t, PyObject *name);
 int commit(FastLaunch *f, Refs *r, Plan *p);
 int after(FastLaunch *f, Refs *r, Plan *p);
 int declined_quietly(void);
+int hold_raised(FastLaunch *f, Plan *p);
 int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o);
 
 /* _native_read.c */
@@ -252,5 +265,10 @@ PyObject *fast_set_read(PyObject *self, PyObject *args);
 /* _native_alloc.c */
 PyObject *fast_empty(PyObject *self, PyObject *size);
 PyObject *fast_set_alloc(PyObject *self, PyObject *args);
+
+/* _native_write.c */
+PyObject *fast_write(PyObject *self, PyObject *const *a, Py_ssize_t n);
+PyObject *fast_set_write(PyObject *self, PyObject *args);
+PyObject *fast_write_stats(PyObject *self, void *unused);
 
 #endif

@@ -37,6 +37,8 @@ static int fast_traverse(FastLaunch *f, visitproc visit, void *arg) {
     Py_VISIT(f->fp_streams);
     Py_VISIT(f->fp_buffers);
     Py_VISIT(f->carried);
+    Py_VISIT(f->small_writes);
+    Py_VISIT(f->write_miss);
     PyObject *const alloc[9] = {f->token_t, f->ids, f->slices, f->failed, f->released,
                                 f->created_at, f->manager, f->mslices, f->pending};
     for (int i = 0; i < 9; i++) Py_VISIT(alloc[i]);
@@ -64,6 +66,8 @@ static int fast_clear(FastLaunch *f) {
     Py_CLEAR(f->fp_streams);
     Py_CLEAR(f->fp_buffers);
     Py_CLEAR(f->carried);
+    Py_CLEAR(f->small_writes);
+    Py_CLEAR(f->write_miss);
     PyObject **alloc[9] = {&f->token_t, &f->ids, &f->slices, &f->failed, &f->released,
                            &f->created_at, &f->manager, &f->mslices, &f->pending};
     for (int i = 0; i < 9; i++) Py_CLEAR(*alloc[i]);
@@ -117,7 +121,7 @@ int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o) {
 
 /* Hold the raised exception for the stream and taint the launch's buffers (memory ids
  * p->mids), as the Python route's Launcher.launch does: hold(sid, exc, mids). */
-static int hold_raised(FastLaunch *f, Plan *p) {
+int hold_raised(FastLaunch *f, Plan *p) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
@@ -306,6 +310,10 @@ static PyMethodDef fast_methods[] = {
      "queued(kernel, count, bindings, mode, sid) -> bool: a launch the actor runs"},
     {"read", fast_read, METH_O,
      "read(item) -> a future of [bytes], or None: the Python route takes it (fast.py)"},
+    {"write", (PyCFunction)(void (*)(void))fast_write, METH_FASTCALL,
+     "write(item, data) -> bool: a small write of a whole buffer, or False: the route"},
+    {"set_write", fast_set_write, METH_VARARGS,
+     "set_write(small_writes, small_max, miss): what write() needs (fast.py)"},
     {"set_read", fast_set_read, METH_VARARGS,
      "set_read(handle_t, binding_t, small_reads, small_max, later, fail, create_future)"},
     {"empty", fast_empty, METH_O,
@@ -323,6 +331,8 @@ static PyMethodDef fast_methods[] = {
 static PyGetSetDef fast_getset[] = {
     {"stats", fast_stats, NULL, "(launches taken, launches left to the Python route)", NULL},
     {"queued_stats", fast_queued_stats, NULL, "stats of queued(): (taken, left to the route)",
+     NULL},
+    {"write_stats", fast_write_stats, NULL, "stats of write(): (taken, left to the route)",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

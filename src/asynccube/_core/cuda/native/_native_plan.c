@@ -302,3 +302,22 @@ int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item) {
     if (!own_slot(f, r, p, one, &own)) return 0;
     return (p->stream = get(r, p->wrapper, N_STREAM)) != NULL;
 }
+
+
+int plan_write(FastLaunch *f, Refs *r, Plan *p, PyObject *item, PyObject *data) {
+    if (Py_TYPE(item) != (PyTypeObject *)f->handle_t &&
+        Py_TYPE(item) != (PyTypeObject *)f->binding_t)
+        return 0;
+    if (!PyBytes_CheckExact(data) || !channel_ready(f, r, p) || !untainted(f, r))
+        return 0; /* a tainted buffer: the route's write clears its taint */
+    if (!stream_of(f, r, p)) return 0;
+    PyObject *one = keep(r, PyList_New(1));
+    if (one == NULL) return 0;
+    PyList_SET_ITEM(one, 0, Py_NewRef(item));
+    long own;
+    if (!pointers_of(f, r, p, one) || p->nbytes <= 0 || p->nbytes > f->write_max ||
+        p->nbytes != PyBytes_GET_SIZE(data))
+        return 0;
+    if (!own_slot(f, r, p, one, &own)) return 0;
+    return (p->stream = get(r, p->wrapper, N_STREAM)) != NULL;
+}

@@ -55,8 +55,8 @@ class FastLaunch:
         "create_future", "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
         "handle_t", "hold", "kernel_t", "kernels", "last_use", "later", "loop",
         "max_streams", "mode_t", "on_loop", "open_state", "owned", "packs", "pinned", "ptr_miss",
-        "recorder", "slots", "small_max", "small_reads", "table", "task_arg", "task_fn",
-        "tls", "wake",
+        "recorder", "slots", "small_max", "small_reads", "small_writes", "table", "task_arg",
+        "task_fn", "tls", "w_declined", "w_hits", "wake", "write_max", "write_miss",
     )  # fmt: skip
 
     def __init__(self, *args: Any) -> None:
@@ -75,6 +75,10 @@ class FastLaunch:
         self.max_streams = max_streams
         self._hits = self._declined = self._q_hits = self._q_declined = 0
         self.small_reads: Any = None
+        self.small_writes: Any = None
+        self.write_miss: Any = None
+        self.write_max = 0
+        self.w_hits = self.w_declined = 0
         self.ptr_miss: Any = None
         self._allocator: Allocator | None = None
         self._footprint: Any = None
@@ -115,6 +119,85 @@ class FastLaunch:
         self.handle_t, self.binding_t, self.small_reads = handle_t, binding_t, small_reads
         self.small_max, self.later, self.fail = small_max, later, fail
         self.create_future = create_future
+
+    def set_write(self, small_writes: Any, small_max: Any, miss: Any) -> None:
+        """What :meth:`write` needs (see ``_native_write.c``)."""
+        from ...errors import InvalidArgument
+
+        if not isinstance(small_max, int):
+            raise TypeError(f"set_write's size must be an int, got {small_max!r}")
+        if not isinstance(small_writes, dict) or small_max < 0 or not callable(miss):
+            raise InvalidArgument(
+                "set_write needs a dict of spare buffers, a size >= 0 and a callable"
+            )
+        self.small_writes, self.write_max, self.write_miss = small_writes, small_max, miss
+
+    def write(self, item: Any, data: Any) -> bool:
+        """A small write of ``bytes`` into ``item``, or False (see ``_native_write.c``)."""
+        if self.small_writes is None or self.write_miss is None:
+            return False
+        try:
+            p = self._plan_write(item, data)
+            buf = None if p is None else self._spare_of(p)
+        except Exception:  # the Python route meets (and raises) whatever stopped this one
+            p = buf = None
+        if p is None or buf is None:
+            self.w_declined += 1
+            return False
+        stamp = self._commit(p)
+        ctypes.memmove(buf.ptr, data, p.nbytes)
+        try:
+            err = _driver["d"].cuMemcpyHtoDAsync(p.ptrs[0], buf.ptr, p.nbytes, p.stream)[0]
+            if err:
+                raise self.error_from(err, "cuMemcpyHtoDAsync")
+        except Exception as exc:  # held, the buffer tainted (as fire_writing does)
+            self.hold(p.sid, exc, tuple(p.mids))
+        self.small_writes[p.nbytes].append((buf, stamp))
+        self.channel.ran_inline()  # as _native_fast.c's after()
+        self.w_hits += 1
+        return True
+
+    @property
+    def write_stats(self) -> tuple[int, int]:
+        """Stats of :meth:`write`: (taken, left to the Python route)."""
+        return self.w_hits, self.w_declined
+
+    def _plan_write(self, item: Any, data: Any) -> _Plan | None:
+        if type(item) is not self.handle_t and type(item) is not self.binding_t:
+            return None
+        if type(data) is not bytes:
+            return None
+        p = _Plan()
+        if not self._channel_ready(p) or self.channel._held._tainted:
+            return None  # a tainted buffer: the route's write clears its taint
+        if not self._stream_of(p) or not self._pointers_of(p, [item]):
+            return None
+        if not 0 < p.nbytes <= self.write_max or p.nbytes != len(data):
+            return None
+        if not self._own_slot(p, [item]):
+            return None
+        p.stream = p.wrapper.stream
+        return p
+
+    def _passed(self, stamp: Any) -> bool:
+        """The stream slot of ``stamp`` (sid, cursor) is done up to its cursor."""
+        sid, cursor = stamp
+        wrapper = self.slots[sid.value % self.max_streams]
+        return wrapper is not None and wrapper.done >= cursor
+
+    def _spare_of(self, p: _Plan) -> Any:
+        """A staging buffer for ``p.nbytes`` the device is done with, taken off the
+        server's list, or a new one from ``write_miss`` (None: the route stages it)."""
+        spares = self.small_writes.get(p.nbytes)
+        if spares is not None:
+            for i, (buf, stamp) in enumerate(spares[:64]):
+                if self._passed(stamp):
+                    del spares[i]
+                    return buf if buf.ptr and buf.size >= p.nbytes else None
+        buf = self.write_miss(p.nbytes)
+        if buf is None or type(self.small_writes.get(p.nbytes)) is not list:
+            return None
+        return buf if buf.ptr and buf.size >= p.nbytes else None
 
     def set_pointers(self, fn: Any) -> None:
         """``fn(binding)`` finds (and caches in ``addresses``) the address of a buffer no

@@ -1,0 +1,188 @@
+"""Scenarios of the one-call write route (``FastLaunch.write``, ``cuda/fast.py``: the
+copy of ``create(bytes)``) on the real client -> channel -> CudaServer path against the
+no-op driver of ``benchmarks/bench_overhead.py``.
+
+Run in its own process by ``tests/test_fast_launch.py``: ``python
+tests/fast_write_scenario.py NAME``; prints ``ok NAME`` or raises.
+``ASYNCCUBE_NO_EXTENSIONS=1`` runs the same on the pure-Python twin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fast_launch_scenario import ADD, N, Setup, U, ac, bench_overhead_lib, main
+
+SIZE = 4 * N  # the add kernel's buffers
+
+
+def write_stats(s: Setup) -> tuple[int, int]:
+    """(writes taken, writes left to the route) of ``s``'s FastLaunch."""
+    fast: Any = s.client._fast
+    hits, declined = fast.write_stats
+    return int(hits), int(declined)
+
+
+def spares(s: Setup, size: int = SIZE) -> list[tuple[Any, Any]]:
+    """The server's spare staging buffers of ``size`` and their copies' stamps."""
+    return s.server._small_writes.get(size, [])
+
+
+def body(i: int, size: int = SIZE) -> bytes:
+    return bytes([i % 251]) * size
+
+
+def dropped(s: Setup, n: int) -> Awaitable[None]:
+    """Leave ``n`` dropped slices of ``SIZE`` that the device has passed once the sync
+    returned is awaited (a create's ``FastLaunch.empty`` takes one, then its copy is
+    offered to ``FastLaunch.write``)."""
+    handles = [s.client.empty(SIZE) for _ in range(n)]  # alive together: n slices
+    done = s.client.sync()
+    del handles
+    return done
+
+
+async def write_taken() -> None:
+    """``create(bytes)``'s copy is taken in one call: the bytes staged in a page-locked
+    buffer the server keeps, the stream's cursor and the buffer's stamp moved as the
+    route moves them; once a read of the stream passed the copy, the same staging buffer
+    serves the next create."""
+    s = await Setup().ready()
+    c = s.client
+    await dropped(s, 1)
+    hits, declined = write_stats(s)
+    h = c.create(body(1))
+    assert write_stats(s) == (hits + 1, declined), write_stats(s)
+    (buf, stamp), *rest = spares(s)
+    assert not rest and ctypes.string_at(buf.ptr, SIZE) == body(1)
+    assert s.server._streams.last_use[h.memory.id] == stamp
+    assert stamp[1] > s.server._created_at[h.memory.id][1], "the copy follows the mint"
+    assert not s.server._retirer._parked, "the spare is kept by the server, not retired"
+    live = [h]
+    del h
+    for i in range(2, 12):
+        await c.read(live)  # marks the stream done up to the read: the copy passed
+        live.clear()  # its slice free at once: the next create's FastLaunch.empty takes it
+        live.append(c.create(body(i)))
+        assert [b for b, _ in spares(s)] == [buf], "the one spare is reused"
+        assert ctypes.string_at(buf.ptr, SIZE) == body(i)
+    assert write_stats(s) == (hits + 11, declined), write_stats(s)
+    await c.close()
+    assert not s.server._small_writes, "the spares are released at the close"
+
+
+async def write_in_flight() -> None:
+    """A staging buffer whose copy the stream has not passed is never written again:
+    creates in a row each stage into a buffer of their own (up to the server's limit,
+    then the route, which stages through its pool); a sync passes them all."""
+    from asynccube._core.cuda import transfers
+
+    s = await Setup().ready()
+    c = s.client
+    await dropped(s, 8)
+    hits, declined = write_stats(s)
+    made = [c.create(body(i)) for i in range(5)]
+    kept = spares(s)
+    assert len({id(b) for b, _ in kept}) == 5, kept
+    assert [ctypes.string_at(b.ptr, SIZE) for b, _ in kept] == [body(i) for i in range(5)]
+    limit = transfers.WRITE_SPARES
+    transfers.WRITE_SPARES = 5  # type: ignore[misc]
+    try:
+        made.append(c.create(body(9)))  # no spare free, the server keeps no more: the route
+    finally:
+        transfers.WRITE_SPARES = limit  # type: ignore[misc]
+    assert write_stats(s) == (hits + 5, declined + 1), write_stats(s)
+    assert [ctypes.string_at(b.ptr, SIZE) for b, _ in kept] == [body(i) for i in range(5)]
+    assert int(s.server._streams.streams.get(ac.StreamId.current()).stream) in (
+        s.server._retirer._parked
+    ), "the route's staging buffer is held until the device passes it"
+    await c.sync()
+    made.append(c.create(body(7)))
+    assert len(spares(s)) == 5 and write_stats(s) == (hits + 6, declined + 1)
+    await c.close()
+
+
+async def write_declined() -> None:
+    """Whatever the route must see is left to it before anything changes: a tainted
+    buffer, data of another length or type, a body above ``SMALL_WRITE``, a buffer last
+    used on another task's stream; the route then writes (and raises what it raises)."""
+    from asynccube._core.cuda.transfers import SMALL_WRITE
+
+    s = await Setup().ready()
+    c, fast = s.client, s.client._fast
+    assert fast is not None
+    h = c.create(body(1))
+    hits, declined = write_stats(s)
+    stamp = s.server._streams.last_use[h.memory.id]
+    assert fast.write(h, bytes(10)) is False  # the wrong length
+    assert fast.write(h, bytearray(SIZE)) is False  # not bytes
+    assert fast.write(h.memory, body(2)) is False  # not a Handle or Binding
+    big = c.empty(SMALL_WRITE + 4)
+    assert fast.write(big, bytes(SMALL_WRITE + 4)) is False  # above SMALL_WRITE
+    assert write_stats(s) == (hits, declined + 4)
+    assert s.server._streams.last_use[h.memory.id] == stamp, "declined: nothing moved"
+
+    async def other() -> None:
+        assert fast.write(h, body(3)) is False  # last used on the first task's stream
+
+    await asyncio.create_task(other())
+    c.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: its buffers tainted
+    try:
+        await c.sync()
+    except ac.DeviceError:
+        pass
+    assert fast.write(s.handles[0], body(4)) is False, "a tainted buffer: the route"
+    s.rewrite()  # the route's write clears the taints
+    assert fast.write(s.handles[0], bytes(SIZE)) is True
+    await c.close()
+    try:
+        c.create(body(5))
+    except ac.ClientClosedError:
+        pass
+    else:
+        raise AssertionError("a closed client created a buffer")
+
+
+async def write_error() -> None:
+    """A copy the driver refuses is held for the stream (raised by the next awaited
+    call there) and taints the buffer, as the route's write does; the client serves on."""
+    s = await Setup().ready()
+    c = s.client
+    h = c.create(body(1))
+    await c.read([h])
+    await dropped(s, 1)
+    hits, _ = write_stats(s)
+    flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_fail_htod")
+    flag.value = 1  # CUDA_ERROR_INVALID_VALUE
+    try:
+        bad = c.create(body(2))
+    finally:
+        flag.value = 0
+    assert write_stats(s)[0] == hits + 1, write_stats(s)
+    raised: BaseException | None = None
+    try:
+        await c.sync()
+    except ac.DeviceError as exc:
+        raised = exc
+    assert raised is not None and "cuMemcpyHtoDAsync" in str(raised), raised
+    raised = None
+    try:
+        await c.read([bad])
+    except ac.AsyncCubeError as exc:
+        raised = exc
+    assert raised is not None and "cuMemcpyHtoDAsync" in str(raised), raised
+    good = c.create(body(3))
+    assert len((await c.read([good]))[0]) == SIZE
+    await c.close()
+
+
+SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
+    f.__name__: f for f in (write_taken, write_in_flight, write_declined, write_error)
+}
+
+
+if __name__ == "__main__":
+    main(SCENARIOS)
