@@ -18,6 +18,7 @@ from ._core.client.client import ComputeClient
 from ._core.client.collective import ReduceOp, all_reduce
 from ._core.client.graph import Graph
 from ._core.client.tensor import Tensor
+from ._core.client.warmup import WarmUpStats
 from ._core.config.pools import MemoryLayout, MemoryPool, PoolKind
 from ._core.errors import (
     AsyncCubeError,
@@ -42,6 +43,7 @@ from ._core.errors import (
     IoError,
     KernelDefinitionError,
     KernelNotSupported,
+    LaunchDropped,
     LoopMismatchError,
     MemoryInUse,
     MemoryLayoutError,
@@ -53,6 +55,7 @@ from ._core.errors import (
     UnsupportedBackend,
     UnsupportedIoOperation,
     UnsupportedStrides,
+    WarmUpError,
 )
 from ._core.host.server import HostServer
 from ._core.kernels import (
@@ -174,6 +177,7 @@ __all__ = [
     "KernelLaunch",
     "KernelNotSupported",
     "KernelRecord",
+    "LaunchDropped",
     "LoopLagReport",
     "LoopMismatchError",
     "LoopMonitor",
@@ -223,6 +227,8 @@ __all__ = [
     "UnsupportedBackend",
     "UnsupportedIoOperation",
     "UnsupportedStrides",
+    "WarmUpError",
+    "WarmUpStats",
     "__version__",
     "anchor",
     "connect",
