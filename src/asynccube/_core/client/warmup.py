@@ -215,6 +215,7 @@ class Scope:
     manager that gives its :class:`WarmUpStats` (see the module docstring)."""
 
     __slots__ = (
+        "_ended",
         "_first",
         "_part",
         "_preps",
@@ -237,6 +238,8 @@ class Scope:
         self._tunings: list[Awaitable[Any]] = []
         self._first = 0
         """The id of the first buffer made during the scope (older ones stay clean)."""
+        self._ended = False
+        """True once the scope ended (a task it started that outlives it is not in it)."""
 
     def __repr__(self) -> str:
         kind = "warm_up" if self.dropping else "tuning"
@@ -252,6 +255,7 @@ class Scope:
 
     async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
         _SCOPES.set(tuple(s for s in _SCOPES.get() if s is not self))
+        self._ended = True
         if self.dropping:
             self._part.closed()
         absorbed = exc is not None and _only_dropped(exc)
@@ -345,7 +349,7 @@ class Scope:
 def current_scope(part: WarmUp) -> Scope | None:
     """The innermost scope of the calling task's context open on ``part``'s client."""
     for scope in reversed(_SCOPES.get()):
-        if scope._part is part:
+        if scope._part is part and not scope._ended:
             return scope
     return None
 
