@@ -243,6 +243,32 @@ async def test_another_tasks_launches_run_during_a_warm_up(client: ac.ComputeCli
     assert results["stats"].launches == 2
 
 
+async def test_a_task_that_outlives_its_scope_is_not_in_it(client: ac.ComputeClient) -> None:
+    kernel, data = twice(), np.arange(4, dtype=np.float32)
+    go, done = anyio.Event(), anyio.Event()
+    results: dict[str, Any] = {}
+
+    async def later() -> None:
+        await go.wait()
+        h = client.create(data)
+        launch_twice(client, kernel, h, 4)
+        results["later"] = await read_f32(client, h)
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        scope = client.warm_up()
+        async with scope as stats:
+            tg.start_soon(later)  # started inside the scope
+        async with client.warm_up():  # another task's scope is open meanwhile
+            go.set()  # it launches after its scope ended: for real
+            await done.wait()
+    np.testing.assert_array_equal(results["later"], 2 * data)
+    assert stats.launches == 0
+    with pytest.raises(ac.InvalidArgument, match="entered once"):
+        async with scope:
+            pass
+
+
 # -- tuners ---------------------------------------------------------------------------
 
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from ..channel.channel import Channel
 from ..channel.held import detach_frames
-from ..errors import LaunchDropped, WarmUpError
+from ..errors import InvalidArgument, LaunchDropped, WarmUpError
 from ..server.preparation import CACHE_ORIGINS, KernelPrepared
 from ..server.protocol import ComputeServer
 from ..values.bindings import Bindings, CubeCount
@@ -247,6 +247,11 @@ class Scope:
 
     async def __aenter__(self) -> WarmUpStats:
         self._part._channel.check()  # an open client, on its own loop
+        if self._ended or self in _SCOPES.get():
+            raise InvalidArgument(
+                "a warm-up or tuning scope is entered once: call client.warm_up() (or "
+                "client.tuning()) again for another one"
+            )
         _SCOPES.set((*_SCOPES.get(), self))
         if self.dropping:
             self._first = self._part.watermark()
