@@ -78,7 +78,7 @@ from .profiler import ClientProfiler
 from .surface import ClientSurface
 from .tensor import Tensor
 from .transfer import to_client
-from .warmup import Scope, WarmUp
+from .warmup import Scope, WarmUp, WarmUpStats
 
 __all__ = ["ComputeClient"]
 
@@ -433,7 +433,7 @@ class ComputeClient(ClientCoordination, ClientSurface):
 
     # -- warm-up runs (warmup.py) ---------------------------------------------------------
 
-    def warm_up(self, *, raise_on_failure: bool = True) -> Scope:
+    def warm_up(self, *, raise_on_failure: bool = True) -> AbstractAsyncContextManager[WarmUpStats]:
         """``async with client.warm_up() as stats:`` compiles and drops the calling
         task's launches on this client (cubecl-runtime's ``DryRun``): each launch is
         checked, its kernel compiled and loaded in worker threads (never on the loop),
@@ -455,7 +455,7 @@ class ComputeClient(ClientCoordination, ClientSurface):
             )
         return Scope(self._warm, dropping=True, raise_on_failure=raise_on_failure)
 
-    def tuning(self) -> Scope:
+    def tuning(self) -> AbstractAsyncContextManager[WarmUpStats]:
         """``async with client.tuning() as stats:`` runs the calling task's launches and
         makes each tuner call in it tune its key now, a background tuner too, so later
         calls find the pick (the measuring scope: cubecl-runtime's ``RealRun``; inside a
