@@ -7,9 +7,13 @@ launch is, its kernel compiled and loaded (CUDA: NVRTC through the cubin caches,
 the module load, in worker threads shared by the scope's kernels, never on the loop;
 the host server only checks), and nothing runs. Creates, writes and reads are real: a
 handler runs unchanged, its buffers come from the pools as they will when it serves.
-The buffers a dropped launch would have written carry a :class:`LaunchDropped` failure
-(the error graph of :mod:`..channel.held`): a read of one raises it, inside the scope
-or after, never bytes that are not a result; a later write clears it. A read of a
+The buffers made during the scope that a dropped launch binds (a kernel may write any
+buffer it binds) carry a :class:`LaunchDropped` failure (the error graph of
+:mod:`..channel.held`): a read of one raises it, inside the scope or after, never bytes
+that are not a result; a later write clears it. Buffers made before the scope (weights,
+long-lived state) are left as they were: no launch changed them, so their bytes are
+true (each buffer's id says which: handles are numbered in the order they are made,
+``handle_watermark``). A read of a
 dropped result is where a warm-up pass of a handler ends, so the scope absorbs a
 ``LaunchDropped`` that leaves its block. Tuners inside do not measure (nothing runs):
 for a key not tuned yet they run every candidate once, so every candidate's kernels
@@ -29,7 +33,8 @@ scope ends at once: what it dropped stays dropped, and the compiles it started f
 in their threads without being awaited.
 
 A scope belongs to its task through a context variable: another task's launches on the
-same client run as usual while it is open. While a warm-up scope is open, the client's
+same client run as usual while it is open, and a task it started that outlives it is
+not in it any more. A scope is entered once. While a warm-up scope is open, the client's
 one-call launch routes step aside for every task (a guard on the channel), so each
 launch is routed by the scope of the task that makes it.
 """
