@@ -21,8 +21,9 @@ usable, else the host server) and ``GPU_SERVICE_MAX_BYTES`` configure the module
 
 What Starlette (and so FastAPI) does not do by itself, this service does:
 
-* **One client per worker process**, opened by the lifespan before the first request
-  (``--workers 2``: two processes, two clients) and closed when the worker stops: on
+* **One client per worker process**, opened and warmed up by the lifespan before the
+  first request (``client.warm_up()``: the kernels compile there, not in the first
+  request; ``--workers 2``: two processes, two clients) and closed when the worker stops: on
   SIGTERM, uvicorn runs the lifespan's end, which closes the client dropping the work
   not yet issued to the device and waiting at most ``shutdown_after`` seconds (5) for
   the rest (``close(cancel_pending=True, abandon_after=5.0)``).
@@ -226,14 +227,21 @@ class Service:
 
     @asynccontextmanager
     async def lifespan(self, app: Any) -> AsyncIterator[None]:
-        """Opens the client (and compiles the kernel) before the first request; closes it
-        when the worker stops, dropping the work not yet issued to the device."""
+        """Opens the client and warms it up before the first request (the computation
+        runs once under ``client.warm_up()``: its kernels are compiled and loaded,
+        nothing runs on the device); closes it when the worker stops, dropping the work
+        not yet issued to the device."""
         client = await ac.connect(self.device)
         try:
-            await self.compute(client, bytes(ELEMENT))
+            async with client.warm_up() as warm:  # a failed compile raises WarmUpError
+                await self.compute(client, bytes(ELEMENT))  # ends at its read of y
             self._client = client
             self.monitor.start()
-            log.info("worker %d: client open on %s", os.getpid(), client.device)
+            log.info(
+                "worker %d: client open on %s (warm-up: %d kernel(s), %d compiled, "
+                "%d from the cache)",
+                os.getpid(), client.device, warm.kernels, warm.compiled, warm.from_cache,
+            )  # fmt: skip
             yield
         finally:
             self.monitor.stop()

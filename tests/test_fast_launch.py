@@ -30,6 +30,9 @@ SCENARIOS = {
     ),
     "fast_exclusive_scenario.py": ("exclusive_held", "exclusive_own"),
     "fast_propagate_scenario.py": ("propagate_skipped", "propagate_before_compile"),
+    "fast_warm_up_scenario.py": (
+        "warm_up_compiles_and_issues_nothing", "warm_up_route_steps_aside",
+    ),
     "fast_ahead_scenario.py": (
         "ahead_taken", "ahead_declined", "ahead_untracked", "ahead_write", "ahead_concurrent",
         "ahead_records",

@@ -24,6 +24,7 @@ from ._core.client.collective import (
 )
 from ._core.client.graph import Graph
 from ._core.client.tensor import Tensor
+from ._core.client.warmup import WarmUpStats
 from ._core.config.pools import MemoryLayout, MemoryPool, PoolKind
 from ._core.errors import (
     AsyncCubeError,
@@ -48,6 +49,7 @@ from ._core.errors import (
     IoError,
     KernelDefinitionError,
     KernelNotSupported,
+    LaunchDropped,
     LoopMismatchError,
     MemoryInUse,
     MemoryLayoutError,
@@ -59,6 +61,7 @@ from ._core.errors import (
     UnsupportedBackend,
     UnsupportedIoOperation,
     UnsupportedStrides,
+    WarmUpError,
 )
 from ._core.host.server import HostServer
 from ._core.kernels import (
@@ -183,6 +186,7 @@ __all__ = [
     "KernelLaunch",
     "KernelNotSupported",
     "KernelRecord",
+    "LaunchDropped",
     "LoopLagReport",
     "LoopMismatchError",
     "LoopMonitor",
@@ -232,6 +236,8 @@ __all__ = [
     "UnsupportedBackend",
     "UnsupportedIoOperation",
     "UnsupportedStrides",
+    "WarmUpError",
+    "WarmUpStats",
     "__version__",
     "anchor",
     "connect",

@@ -31,6 +31,7 @@ __all__ = [
     "IoError",
     "KernelDefinitionError",
     "KernelNotSupported",
+    "LaunchDropped",
     "LoopMismatchError",
     "MemoryInUse",
     "MemoryLayoutError",
@@ -42,6 +43,7 @@ __all__ = [
     "UnsupportedBackend",
     "UnsupportedIoOperation",
     "UnsupportedStrides",
+    "WarmUpError",
 ]
 
 
@@ -289,6 +291,33 @@ class AutotuneCheckError(AutotuneError):
         self._init_args = (report,)
         self.report = report
         super().__init__(str(report))
+
+
+class LaunchDropped(AsyncCubeError):
+    """A launch was compiled and dropped by a warm-up scope (``client.warm_up()``, the
+    counterpart of cubecl-runtime's ``DryRun``): it never ran, so the buffers it would
+    have written hold no result. A read of one raises this (as a
+    :class:`TaintedBuffer`), inside the scope or after it, until a later write or a
+    launch that runs writes the buffer again; a launch binding one outside a warm-up is
+    skipped. A warm-up scope ends quietly when this leaves its block (a handler's read
+    ended the pass)."""
+
+
+class WarmUpError(AsyncCubeError):
+    """Kernels failed to compile or load in a warm-up scope: raised when the scope ends
+    (``client.warm_up(raise_on_failure=False)`` only records them). The message names
+    each kernel and its error; ``failures`` maps each kernel id to its error (the first
+    is also the ``__cause__``). Nothing is held on any stream: a later launch of such a
+    kernel compiles it again, and fails at its own awaited call if it still fails.
+
+    Attributes:
+        failures: Kernel id -> the error its compile or load raised.
+    """
+
+    def __init__(self, message: str, failures: dict[str, BaseException] | None = None) -> None:
+        self._init_args = (message, failures)
+        self.failures: dict[str, BaseException] = dict(failures or {})
+        super().__init__(message)
 
 
 class ConfigError(AsyncCubeError):

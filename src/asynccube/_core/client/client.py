@@ -10,6 +10,7 @@ them; each public method that is not on the hot path is a thin delegate to one):
 * :class:`~.movement.DataMovement`: snapshots and staging buffers, writes and reads;
 * :class:`~.launch.Launcher`: the actor's half of ``execute`` (prepare, fire, hold);
 * :class:`~.profiler.ClientProfiler`: profiles and the timeline;
+* :class:`~.warmup.WarmUp`: the warm-up and tuning scopes (``warm_up``, ``tuning``);
 * :class:`~.surface.ClientSurface` (a base class): the memory and profiling
   commands, thin delegates to their parts;
 * :class:`~.coordination.ClientCoordination` (a base class): ``read_into``,
@@ -77,6 +78,7 @@ from .profiler import ClientProfiler
 from .surface import ClientSurface
 from .tensor import Tensor
 from .transfer import to_client
+from .warmup import Scope, WarmUp, WarmUpStats
 
 __all__ = ["ComputeClient"]
 
@@ -130,6 +132,7 @@ class ComputeClient(ClientCoordination, ClientSurface):
         self._memory = ClientMemory(server, channel, dispatch, self._movement)
         self._launcher = Launcher(server, channel, dispatch, self._fast)
         self._profiler = ClientProfiler(server, channel, dispatch)
+        self._warm = WarmUp(server, channel)
         self._lifecycle = Lifecycle(channel, self._jobs)
         self.profile_summary = ProfileSummary()
         """Named profiles (``client.profile(name)``) aggregated: count, total, mean..."""
@@ -330,12 +333,14 @@ class ComputeClient(ClientCoordination, ClientSurface):
         if fast is not None and fast(kernel, count, bindings, mode):
             return  # taken in one call; else the Python route below
         channel = self._channel
+        launch: Any = self._launcher.launch
         if (
             channel.state is not State.OPEN
             or _get_running_loop() is not channel.loop
-            or channel.guard is not None  # a graph capture is open
+            or channel.guard is not None  # a graph capture, an exclusive block, a warm-up
         ):
             channel.check()  # raises, unless only the capture guard had to see it
+            launch = self._warm.launch_for(launch)  # the task's warm-up scope drops it
         if type(kernel) is not Kernel or type(count) is not CubeCount:
             _bad_execute(kernel, count, bindings, mode)
         if type(bindings) is not Bindings or type(mode) is not ExecutionMode:
@@ -351,7 +356,6 @@ class ComputeClient(ClientCoordination, ClientSurface):
                 _foreign_launch(owner, count, bindings)
         if count.binding is not None and channel.guard is not None:
             channel.guard("execute with a dynamic CubeCount")  # its count is read back first
-        launch = self._launcher.launch
         stream = StreamId.current()
         if count.binding is None and not bindings.tensor_maps:  # its buffers all known
             mids = [b.memory.id for b in bindings.buffers]
@@ -434,6 +438,39 @@ class ComputeClient(ClientCoordination, ClientSurface):
         """Read a tensor (or a buffer, given ``dtype`` and optionally ``shape``) into a
         new numpy array of the right dtype and shape."""
         return await arrays.read_array(self, source, dtype, shape)
+
+    # -- warm-up runs (warmup.py) ---------------------------------------------------------
+
+    def warm_up(self, *, raise_on_failure: bool = True) -> AbstractAsyncContextManager[WarmUpStats]:
+        """``async with client.warm_up() as stats:`` compiles and drops the calling
+        task's launches on this client (cubecl-runtime's ``DryRun``): each launch is
+        checked, its kernel compiled and loaded in worker threads (never on the loop),
+        and nothing runs. Creates, writes and reads are real; the buffers a dropped
+        launch would have written carry :class:`~asynccube.LaunchDropped`, which a read
+        of one raises (never stale bytes), and which the scope absorbs when it ends its
+        block. Tuners inside compile every candidate of a key not tuned yet. Other
+        tasks' launches run as usual.
+
+        When the block ends, the compiles it started are awaited and ``stats`` (a
+        :class:`WarmUpStats`) is final; kernels that failed raise
+        :class:`~asynccube.WarmUpError` there unless ``raise_on_failure=False`` (they are
+        in ``stats.failures`` either way; nothing is held on a stream). A block that
+        raises or is cancelled ends the scope at once (see the services guide).
+        """
+        if not isinstance(raise_on_failure, bool):
+            raise InvalidArgument(
+                f"warm_up: raise_on_failure must be a bool, got {raise_on_failure!r}"
+            )
+        return Scope(self._warm, dropping=True, raise_on_failure=raise_on_failure)
+
+    def tuning(self) -> AbstractAsyncContextManager[WarmUpStats]:
+        """``async with client.tuning() as stats:`` runs the calling task's launches and
+        makes each tuner call in it tune its key now, a background tuner too, so later
+        calls find the pick (the measuring scope: cubecl-runtime's ``RealRun``; inside a
+        warm-up it runs launches again). When the block ends, the tuning runs it started
+        are done and stored; ``stats`` counts keys tuned, found cached, stored, failed.
+        """
+        return Scope(self._warm, dropping=False, raise_on_failure=False)
 
     # -- graphs and other clients ---------------------------------------------------------
 

@@ -125,20 +125,27 @@ class KernelCompiler:
 
     def compile(self, src: CudaSource, arch: str) -> CompiledKernel:
         """The cubin of ``src`` for ``arch`` (from a cache when possible)."""
+        return self.compile_traced(src, arch)[0]
+
+    def compile_traced(self, src: CudaSource, arch: str) -> tuple[CompiledKernel, str, bool]:
+        """:meth:`compile`, saying where the cubin came from: ``"compiled"`` (NVRTC ran),
+        ``"memory"`` or ``"disk"`` (a cache), and whether it was stored in the disk
+        cache (for a warm-up scope's statistics)."""
         options = self._options(src, arch)
         key = cache_key(src, arch, options)
         with self._lock:
             hit = self._memory.get(key)
             if hit is not None:
                 self.stats.memory_hits += 1
-                return hit
+                return hit, "memory", False
+        origin, stored = "disk", False
         out = self._from_disk(key, arch)
         if out is None:
             out = self._compile(src, arch, options, key)
-            self._to_disk(out)
+            origin, stored = "compiled", self._to_disk(out)
         with self._lock:
             self._memory[key] = out
-        return out
+        return out, origin, stored
 
     def _options(self, src: CudaSource, arch: str) -> tuple[str, ...]:
         extra = [f"-arch={arch}"]
@@ -177,16 +184,19 @@ class KernelCompiler:
             self.stats.disk_hits += 1
         return CompiledKernel(parsed[0], parsed[1], arch, key)
 
-    def _to_disk(self, kernel: CompiledKernel) -> None:
+    def _to_disk(self, kernel: CompiledKernel) -> bool:
+        """Write ``kernel`` to the disk cache; False where there is none or it failed."""
         path = self._path(kernel.key)
         if path is None:
-            return
+            return False
         try:
             _atomic_write(path, _format_entry(kernel.cubin, kernel.symbol))
         except OSError as exc:
             with self._lock:
                 self.stats.disk_write_errors += 1
             log.debug("could not write kernel cache entry %s: %s", path, exc)
+            return False
+        return True
 
     def clear_memory(self) -> None:
         """Forget the in-memory cache (the disk cache stays)."""

@@ -88,7 +88,8 @@ class InteropOps(ServerCore):
         if self._loads[0] != self._loads[1]:
             raise DLPackError(
                 "cannot export this tensor yet: a kernel launched before this export is "
-                "still being compiled and loaded in a worker thread (its first launch), "
+                "still being compiled and loaded in a worker thread (its first launch, or "
+                "a warm-up scope's compile: warm up before serving), "
                 "and the driver synchronizes the device to load it, so a consumer made to "
                 "wait for that launch would deadlock; `await client.sync()` (or any "
                 "awaited call) once after a kernel's first launch, then export"

@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from ..errors import InvalidArgument
 from ..server.launch_limits import LaunchLimits, block_problem, grid_problem
+from ..server.preparation import KernelPrepared
 from ..values.bindings import Bindings, CubeCount
 from ..values.kernel import CudaSource, Kernel
 from ..values.stream_id import StreamId
@@ -97,12 +98,50 @@ class LaunchOps(ProfileOps):
         try:
             self._load(kernel)
         finally:
-            self._loads[1] += 1
+            with self._loads_lock:
+                self._loads[1] += 1
 
-    def _load(self, kernel: Kernel) -> LoadedKernel:
+    def warm_up_launch(
+        self,
+        kernel: Kernel,
+        count: CubeCount,
+        bindings: Bindings,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> Callable[[], KernelPrepared] | None:
+        """A launch a warm-up scope drops (``client.warm_up()``; see
+        :mod:`..server.preparation`): the kernel must have a CUDA part (else
+        KernelNotSupported, at once); the job compiles it (NVRTC, through the cubin
+        caches) and loads its module, in a worker thread; None when it is loaded
+        already. Nothing is launched. Until the job ends, exports are refused as behind
+        a first launch's load (loading a module synchronizes the device)."""
+        kernel.cuda_part(self.device)
+        if kernel.id in self._kernels:
+            return None
+        self._loads[0] += 1
+
+        def job() -> KernelPrepared:
+            try:
+                return self._load_traced(kernel)
+            finally:
+                with self._loads_lock:
+                    self._loads[1] += 1
+
+        return job
+
+    def _load_traced(self, kernel: Kernel) -> KernelPrepared:
+        """:meth:`_load`, saying where the cubin came from (a worker thread)."""
+        trace: list[tuple[str, bool]] = []
+        self._load(kernel, trace)
+        origin, stored = trace[0] if trace else ("memory", False)
+        return KernelPrepared(origin, stored)
+
+    def _load(self, kernel: Kernel, trace: list[tuple[str, bool]] | None = None) -> LoadedKernel:
         self._ctx.make_current()
         src = kernel.cuda_part(self.device)
-        compiled = self._compiler.compile(src, self._arch)
+        compiled, origin, stored = self._compiler.compile_traced(src, self._arch)
+        if trace is not None:
+            trace.append((origin, stored))
         d = cu()
         module = check(d.cuModuleLoadData(compiled.cubin), "cuModuleLoadData")
         function = check(d.cuModuleGetFunction(module, compiled.symbol.encode()))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -135,9 +136,11 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps, ForeignOps):
         self._packer = ArgPacker()
         self._compiler = KernelCompiler(cache_dir=cache_dir)
         self._kernels: dict[str, LoadedKernel] = {}
-        # Kernel loads queued for a worker thread, and those it finished (one writer each:
-        # the loop's thread, the worker); unequal while a load is queued or running.
+        # Kernel loads queued for a worker thread, and those finished (written by the
+        # loop's thread, and under the lock by the workers: the client's job thread, a
+        # warm-up scope's); unequal while a load is queued or running.
         self._loads = [0, 0]
+        self._loads_lock = threading.Lock()  # finished loads: counted by several workers
         self._counts: dict[int, tuple[int, int, int]] = {}
         self._staged: dict[int, tuple[int, object]] = {}
         self._addresses: dict[int, tuple[int, int]] = {}

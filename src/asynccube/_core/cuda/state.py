@@ -10,6 +10,7 @@ binding addresses, completions, the sticky error.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -83,6 +84,7 @@ class ServerCore(SliceServer[SliceHandle]):
     _compiler: KernelCompiler
     _kernels: dict[str, LoadedKernel]
     _loads: list[int]
+    _loads_lock: threading.Lock
     _counts: dict[int, tuple[int, int, int]]
     _staged: dict[int, tuple[int, object]]
     _addresses: dict[int, tuple[int, int]]

@@ -106,6 +106,20 @@ class DryRunServer(HostServer):
         stream: StreamId,
     ) -> None:
         """Check the launch as the real server would and record it; nothing runs."""
+        self.warm_up_launch(kernel, count, bindings, mode, stream)
+        now = time.perf_counter_ns()
+        self.recorder.record(kernel.id, stream.value, "kernel", now, now, now)
+
+    def warm_up_launch(
+        self,
+        kernel: Kernel,
+        count: CubeCount,
+        bindings: Bindings,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> None:
+        """Check the launch as the real server would (a warm-up scope's, or
+        :meth:`execute`'s); nothing to prepare."""
         if self._target is None:
             kernel_task(kernel, count, bindings, mode, self._view)  # checks, never run
         else:
@@ -115,8 +129,6 @@ class DryRunServer(HostServer):
             if mode is ExecutionMode.CHECKED and count.binding is None:
                 dims = (count.x, count.y, count.z)
                 check_launch(kernel.id, "cuda", dims, HOST_LIMITS, kernel.cuda)
-        now = time.perf_counter_ns()
-        self.recorder.record(kernel.id, stream.value, "kernel", now, now, now)
 
     def write(self, items: Sequence[tuple[CopyDescriptor, BytesLike]], stream: StreamId) -> None:
         """Check each copy (sizes, live buffers); nothing is written."""

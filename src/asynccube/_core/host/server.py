@@ -306,6 +306,19 @@ class HostServer(HostForeign, SliceServer[_Bound]):
         launch = (kernel.id, bound)  # skipped if one carries a failure, as it would run
         target.submit(guarded(run, self.held_errors, stream, what, written, launch))
 
+    def warm_up_launch(
+        self,
+        kernel: Kernel,
+        count: CubeCount,
+        bindings: Bindings,
+        mode: ExecutionMode,
+        stream: StreamId,
+    ) -> None:
+        """A launch a warm-up scope drops (``client.warm_up()``): checked as
+        :meth:`execute` checks it (the kernel's host part, live bindings, the launch
+        limits), never run. numpy needs no compile: nothing to prepare."""
+        kernel_task(kernel, count, bindings, mode, self._view)
+
     def flush(self, stream: StreamId) -> None:
         """Hand the stream's buffered tasks to its worker."""
         self._streams.streams.get(stream).stream.flush()

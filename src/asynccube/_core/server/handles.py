@@ -40,6 +40,12 @@ class SliceServer(Generic[M]):
         """Mint a handle; memory is bound by ``create``."""
         return self._table.new_handle(size, stream)
 
+    def handle_watermark(self) -> int:
+        """An id above that of every handle minted so far: those minted later have
+        greater ids (a warm-up scope tells the buffers made during it from older ones
+        this way; it uses up one id)."""
+        return next(self._table._ids)
+
     def stream_slot(self, stream: StreamId) -> int:
         """The slot of the stream pool that ``stream`` runs on."""
         return self._streams.stream_index(stream)

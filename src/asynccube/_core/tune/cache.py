@@ -252,17 +252,19 @@ class TuneCache:
             return None
         return result
 
-    async def persist(self, key: AutotuneKey, result: TuneResult) -> None:
-        """Merge ``result`` for ``key`` into the cache file (in a worker thread).
+    async def persist(self, key: AutotuneKey, result: TuneResult) -> bool:
+        """Merge ``result`` for ``key`` into the cache file (in a worker thread); True
+        once written (False: not persistent, or the write failed).
 
         Never raises for I/O problems: an unwritable directory is logged and costs only
         the persistence.
         """
         record = result.to_dict(key)
         key_id = key.to_json()
-        written = await to_thread(self._persist_blocking, key_id, record)
+        written: bool = await to_thread(self._persist_blocking, key_id, record)
         if written and self._disk is not None:
             self._disk[key_id] = record
+        return written
 
     def _persist_blocking(self, key_id: str, record: dict[str, Any]) -> bool:
         self._resolve()

@@ -23,12 +23,14 @@ import asyncio
 import enum
 import os
 import weakref
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..channel.backend import running_loop, shield, wait_all
 from ..channel.progress import open_progress
+from ..client.warmup import Scope, current_scope, leave_scopes
 from ..config.logging import area_logger
-from ..errors import AutotuneCheckError, AutotuneError, InvalidArgument
+from ..errors import AutotuneCheckError, AutotuneError, InvalidArgument, LaunchDropped
 from .bench import SAMPLES_BY_LEVEL, configured_samples, from_code
 from .cache import TuneCache, TuneResult, device_fingerprint
 from .checks import CheckReport, TuneChecks, run_checks
@@ -136,7 +138,16 @@ class Tuner:
         mode: TuneMode | str | None = None,
     ) -> Out:
         """Run the fastest implementation for ``inputs``' key (tuning it first if it
-        is new: see ``mode``) and return its output."""
+        is new: see ``mode``) and return its output.
+
+        In the caller's ``client.tuning()`` scope the key is tuned now, whatever the
+        mode. In its ``client.warm_up()`` scope nothing is measured (nothing runs): for
+        a key not tuned yet every implementation runs once, so each one's kernels are
+        compiled, then the default's output is returned; for a tuned key, the pick's.
+        """
+        scope = _scope(client)
+        if scope is not None and scope.dropping:
+            return await self._warm_up(client, tunables, inputs, scope)
         index = await self.select(client, tunables, inputs, mode=mode)
         return await tunables[index](client, inputs)
 
@@ -148,10 +159,16 @@ class Tuner:
         *,
         mode: TuneMode | str | None = None,
     ) -> int:
-        """The index of the implementation :meth:`execute` would run now."""
+        """The index of the implementation :meth:`execute` would run now (tuning in a
+        ``client.tuning()`` scope, never in a ``client.warm_up()`` scope)."""
         key = tunables.generate_key(inputs)
+        scope = _scope(client)
+        if scope is not None and scope.dropping:
+            known = await self._known_index(client, tunables, key)
+            return tunables.default_index if known is None else known
+        mode = TuneMode.BLOCKING if scope is not None else mode
         if (self.mode if mode is None else _mode(mode)) is TuneMode.BLOCKING:
-            result = await self._result(client, tunables, key, inputs, wait=True)
+            result = await self._result(client, tunables, key, inputs, wait=True, scope=scope)
             assert result is not None
             return result.fastest_index
         try:
@@ -230,6 +247,41 @@ class Tuner:
         for cache in self._caches.values():
             cache.forget(key)
 
+    # -- warm-up runs (client.warm_up(), client.tuning()) ----------------------------
+
+    async def _warm_up(
+        self, client: ComputeClient, tunables: TunableSet[K, In, Out], inputs: In, scope: Scope
+    ) -> Out:
+        """:meth:`execute` in a warm-up scope (see there): every implementation of a key
+        not tuned yet runs once (its launches compiled and dropped), the default last."""
+        key = tunables.generate_key(inputs)
+        index = await self._known_index(client, tunables, key)
+        if index is None:
+            index = tunables.default_index
+            for other in range(len(tunables)):
+                if other != index:
+                    what = f"{self.name} {key}: {tunables.names[other]}"
+                    await _dry_run(scope, what, tunables[other](client, inputs))
+        return await tunables[index](client, inputs)
+
+    async def _known_index(
+        self, client: ComputeClient, tunables: TunableSet[K, In, Out], key: K
+    ) -> int | None:
+        """The pick for ``key`` when it is known without tuning (memory, disk, a single
+        implementation), else None; a kept failure counts as unknown."""
+        if not len(tunables):
+            raise InvalidArgument(f"autotune {self.name}: the TunableSet has no tunables")
+        cache = self.cache(client)
+        checksum = tunables.checksum()
+        result = cache.get(key, checksum)
+        if result is None:
+            await cache.load()
+            try:
+                result = self._known(cache, tunables, key, checksum)
+            except AutotuneError:
+                return None
+        return None if result is None else result.fastest_index
+
     # -- lookup ---------------------------------------------------------------------
 
     async def _result(
@@ -240,27 +292,55 @@ class Tuner:
         inputs: In,
         *,
         wait: bool,
+        scope: Scope | None = None,
     ) -> TuneResult | None:
         cache = self.cache(client)
         checksum = tunables.checksum()
         result = cache.get(key, checksum)
         if result is not None:  # the hot path
+            if scope is not None:
+                scope.tuning_outcome(f"{self.name} {key}", "cached")
             return result
         if not len(tunables):
             raise InvalidArgument(f"autotune {self.name}: the TunableSet has no tunables")
+        try:
+            return await self._lookup(client, cache, tunables, key, inputs, wait, scope)
+        except AutotuneError as exc:
+            if scope is not None:
+                scope.tuning_outcome(f"{self.name} {key}", "failed", exc)
+            raise
+
+    async def _lookup(
+        self,
+        client: ComputeClient,
+        cache: TuneCache,
+        tunables: TunableSet[K, In, Out],
+        key: K,
+        inputs: In,
+        wait: bool,
+        scope: Scope | None,
+    ) -> TuneResult | None:
+        """:meth:`_result` past the memory: known, or tuned (a run started or joined)."""
+        checksum = tunables.checksum()
         known = self._known(cache, tunables, key, checksum)
-        if known is not None:
-            return known
-        task = cache.pending(key)
-        if task is None:
+        task = cache.pending(key) if known is None else None
+        if known is None and task is None:
             await cache.load()
             known = self._known(cache, tunables, key, checksum)
-            if known is not None:
-                return known
-            task = cache.pending(key) or self._start(client, cache, tunables, key, inputs)
+            if known is None:
+                task = cache.pending(key) or self._start(
+                    client, cache, tunables, key, inputs, scope
+                )
+        if known is not None:
+            if scope is not None:
+                scope.tuning_outcome(f"{self.name} {key}", "cached")
+            return known
+        assert task is not None
         if not wait:
             return None
         tuned: TuneResult = await shield(task)
+        if scope is not None:
+            scope.tuning_outcome(f"{self.name} {key}", "tuned")
         return tuned
 
     def _known(
@@ -295,10 +375,11 @@ class Tuner:
         tunables: TunableSet[K, In, Out],
         key: K,
         inputs: In,
+        scope: Scope | None = None,
     ) -> asyncio.Task[TuneResult]:
         self.runs += 1
         task = running_loop().create_task(  # a system task under trio
-            self._tune(client, cache, tunables, key, inputs),
+            self._tune(client, cache, tunables, key, inputs, scope),
             name=f"asynccube-autotune-{self.name}",
         )
         cache.mark_pending(key, task)
@@ -323,7 +404,9 @@ class Tuner:
         tunables: TunableSet[K, In, Out],
         key: K,
         inputs: In,
+        scope: Scope | None = None,
     ) -> TuneResult:
+        leave_scopes()  # the measurements run, whatever scope the caller is in (RealRun)
         checksum = tunables.checksum()
         log.info("Tuning %s %s", self.name, key)
         try:
@@ -336,7 +419,8 @@ class Tuner:
                 cache.insert_failure(key, checksum, exc)
             raise
         cache.insert(key, result)
-        await cache.persist(key, result)
+        if await cache.persist(key, result) and scope is not None:
+            scope.tuning_outcome(f"{self.name} {key}", "stored")
         return result
 
     async def _run_checks(
@@ -369,6 +453,23 @@ class Tuner:
         finally:
             progress.close()
         return plan, run
+
+
+def _scope(client: ComputeClient) -> Scope | None:
+    """The calling task's warm-up or tuning scope on ``client``, if one is open."""
+    part = getattr(client, "_warm", None)
+    return None if part is None else current_scope(part)
+
+
+async def _dry_run(scope: Scope, what: str, run: Awaitable[Any]) -> None:
+    """Run one implementation in a warm-up scope: a read of a result the scope dropped
+    ends it (as expected); another error is recorded in the scope's statistics."""
+    try:
+        await run
+    except LaunchDropped:
+        pass
+    except Exception as exc:
+        scope.stats.tune_failures.setdefault(what, exc)
 
 
 def _mode(mode: TuneMode | str) -> TuneMode:

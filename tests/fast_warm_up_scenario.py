@@ -1,0 +1,99 @@
+"""Scenarios of warm-up runs (issue 40) on the CUDA server's client path, with the no-op
+driver of ``benchmarks/bench_overhead.py`` (NVRTC is real: it runs without a GPU): a
+warm-up scope compiles and loads a kernel in a worker thread and issues nothing, the
+one-call launch route steps aside while the scope is open and takes the first real
+launch after it, with no compile and no load left to wait for (an export is not
+refused).
+
+Run in its own process by ``tests/test_fast_launch.py`` (as ``fast_launch_scenario.py``,
+whose setup it shares); ``ASYNCCUBE_NO_EXTENSIONS=1`` runs the same on the pure-Python
+twin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+
+import asynccube as ac
+from fast_launch_scenario import ADD, N, Setup, bench_overhead, main
+
+
+def fresh() -> ac.Kernel:
+    """The add kernel under a new id and source: never compiled in this process."""
+    source = bench_overhead.ADD + f"// {uuid.uuid4()}\n"
+    return ac.Kernel(f"fl_warm_{uuid.uuid4().hex[:8]}", cuda=ac.CudaSource(source, "add"))
+
+
+async def warm_up_compiles_and_issues_nothing() -> None:
+    """The kernel is compiled and loaded by the scope's end, nothing is issued; the first
+    real launch compiles nothing, loads nothing and is issued at the call (its checks of
+    the signature and grid run once in Python); the next is the route's."""
+    s = await Setup().ready()
+    kernel, out = fresh(), s.client.empty(4 * N)
+    compiles = s.server._compiler.stats.compiles
+    stamp = s.stamp()
+    async with s.client.warm_up() as stats:
+        s.client.execute(kernel, s.count, s.writing_to(out))
+        s.client.execute(kernel, s.count, s.writing_to(out))
+    assert (stats.launches, stats.kernels, stats.compiled, stats.failed) == (2, 1, 1, 0), stats
+    assert s.server._compiler.stats.compiles == compiles + 1  # once for both launches
+    assert kernel.id in s.server.loaded_kernels
+    assert s.server._loads[0] == s.server._loads[1]  # nothing left loading: exports go
+    assert s.stamp() == stamp  # nothing issued
+    s.client.write([(out.copy_descriptor((N,), (1,), 4), bytes(4 * N))])  # clears it
+    loads, stamp = list(s.server._loads), s.stamp()
+    s.client.execute(kernel, s.count, s.writing_to(out))  # the first real launch
+    assert s.server._loads == loads  # no load queued: an export now is not refused
+    assert s.stamp() != stamp  # issued at the call, behind no job
+    hits, _ = s.stats
+    s.client.execute(kernel, s.count, s.writing_to(out))
+    assert s.stats[0] == hits + 1, s.stats  # the next is the route's, in one call
+    assert s.server._compiler.stats.compiles == compiles + 1
+    await s.client.sync()
+    async with s.client.warm_up() as again:
+        s.client.execute(kernel, s.count, s.writing_to(out))
+    assert (again.already_loaded, again.compiled) == (1, 0), again
+    await s.client.close()
+
+
+async def warm_up_route_steps_aside() -> None:
+    """While a task's scope is open the route declines every launch, and another task's
+    (started before the scope) runs through the Python route; one started inside the
+    scope is in it (dropped); after the scope the route takes launches again."""
+    s = await Setup().ready()
+    await s.client.sync()
+    opened, inside = asyncio.Event(), []
+
+    async def other_task() -> None:
+        await opened.wait()
+        stamp = s.stamp()
+        s.client.execute(ADD, s.count, s.bindings, ac.ExecutionMode.UNCHECKED)
+        inside.append((s.stats, s.stamp() != stamp))
+
+    serving = asyncio.get_running_loop().create_task(other_task())  # outside the scope
+    async with s.client.warm_up() as stats:
+        before = s.stats
+        opened.set()
+        await serving
+        (during, issued), stamp = inside[0], s.stamp()
+        assert during[0] == before[0] and during[1] > before[1], (before, during)
+        assert issued  # the other task's launch ran
+        started = asyncio.get_running_loop().create_task(other_task())  # inside: dropped
+        await started
+        assert s.stamp() == stamp and stats.launches == 1, stats
+    s.client.execute(ADD, s.count, s.bindings, ac.ExecutionMode.UNCHECKED)  # syncs streams
+    hits, _ = s.stats
+    s.client.execute(ADD, s.count, s.bindings, ac.ExecutionMode.UNCHECKED)
+    assert s.stats[0] == hits + 1, s.stats  # the route is back
+    await s.client.sync()
+    await s.client.close()
+
+
+SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
+    f.__name__: f for f in (warm_up_compiles_and_issues_nothing, warm_up_route_steps_aside)
+}
+
+if __name__ == "__main__":
+    main(SCENARIOS)
