@@ -18,7 +18,7 @@ else the second::
         -> cuda.launch.LaunchOps.execute -> [cuda.native._twin.launch] -> driver:cuLaunchKernel
     route: client.client.ComputeClient.read -> [cuda.native._twin.FastLaunch]
         -> driver:cuMemcpyDtoHAsync
-    route: client.client.ComputeClient.read -> [channel.channel.Channel.request]
+    route: client.client.ComputeClient.read -> [channel.channel.Channel.request_tracked]
         -> client.movement.DataMovement.read_on_actor -> [channel.channel.Channel.await_completion]
         -> cuda.transfers.TransferOps.read -> cuda.transfers.TransferOps._read_one
         -> [cuda.native._twin.memcpy_async] -> driver:cuMemcpyDtoHAsync
