@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator
-from typing import Final, Protocol, runtime_checkable
+from typing import Final, NamedTuple, Protocol, runtime_checkable
 
 from ..values.types import MemoryUsage
 from .pages import FREE, Page, PoolBase, Slice, SliceBuckets
@@ -129,6 +129,15 @@ class RangeStorage(Protocol):
         ...
 
 
+class _Plan(NamedTuple):
+    """A growth planned by :meth:`ExpandablePool.page_size_for`."""
+
+    size: int
+    slice: Slice
+    offset: int
+    cost: int  # chunks to map
+
+
 class ExpandablePool(PoolBase):
     """One reserved range of addresses carved into slices; chunks mapped on demand.
 
@@ -163,7 +172,7 @@ class ExpandablePool(PoolBase):
         self._buckets = SliceBuckets()
         self._free = self._buckets.free
         self._dirty: list[Slice] = []
-        self._plan: tuple[int, Slice, int] | None = None  # (size, slice, chunks to map)
+        self._plan: _Plan | None = None
         self._idle_tail: int | None = None  # the tail's first free chunk at the last tick
         self.range_page = Page(backend.handle)
         head = self._new_slice(self.range_page, 0, backend.handle.size, FREE)
@@ -283,44 +292,52 @@ class ExpandablePool(PoolBase):
         """The bytes the growth for ``size`` maps (its placement is planned here, and
         kept for :meth:`alloc`; :meth:`empty_pages` never offers its chunks)."""
         plan = self._placement(size)
-        return 0 if plan is None else plan[2] * self.granularity
+        return 0 if plan is None else plan.cost * self.granularity
 
-    def _placement(self, size: int) -> tuple[int, Slice, int] | None:
-        """``(size, slice, chunks to map)``: the free slice that fits ``size`` needing
-        the fewest chunks mapped (then the smallest, then the lowest), its chunks under
-        the request clear of any being released; ``None`` when none fits."""
+    def _placement(self, size: int) -> _Plan | None:
+        """Where ``size`` goes: in the free slice needing the fewest chunks mapped (then
+        the smallest, then the lowest), at its start or, where chunks under it are
+        still being released, just past them; ``None`` when no free slice fits."""
         self.coalesce()
         self.collect()
         ext = self.extent(size)
-        state = self.state
         best: tuple[int, int, int] | None = None
-        chosen: Slice | None = None
+        plan: _Plan | None = None
         sizes, free = self._buckets.sizes, self._free
         for key in sizes[bisect_left(sizes, ext) :]:
             for sl in free[key]:
-                a, b = self._chunks(sl.offset, ext)
-                if state.find(RELEASING, a, b) >= 0:
+                offset = self._clear_offset(sl, ext)
+                if offset < 0:
                     continue
-                rank = (state.count(UNMAPPED, a, b), sl.size, sl.offset)
+                a, b = self._chunks(offset, ext)
+                rank = (self.state.count(UNMAPPED, a, b), sl.size, offset)
                 if best is None or rank < best:
-                    best, chosen = rank, sl
-        if chosen is None or best is None:
-            self._plan = None
-            return None
-        self._plan = (size, chosen, best[0])
-        return self._plan
+                    best, plan = rank, _Plan(size, sl, offset, rank[0])
+        self._plan = plan
+        return plan
+
+    def _clear_offset(self, sl: Slice, ext: int) -> int:
+        """The lowest offset in free slice ``sl`` where ``ext`` bytes touch no chunk
+        being released, or -1."""
+        offset, end, g = sl.offset, sl.offset + sl.size, self.granularity
+        while offset + ext <= end:
+            a, b = self._chunks(offset, ext)
+            busy = self.state.rfind(RELEASING, a, b)
+            if busy < 0:
+                return offset
+            offset = (busy + 1) * g
+        return -1
 
     def alloc(self, storage: ComputeStorage[object], size: int) -> Slice:
         """Grow in place: map the chunks the planned (or best) placement lacks, and
         carve the request there.
 
         Raises:
-            StorageOutOfMemory: no free slice of the range fits (the range is full, or
-                its free room lies under chunks still being released), or the backend
-                ran out of memory (the chunks it mapped stay, free).
+            StorageOutOfMemory: no free slice of the range fits (the range is full), or
+                the backend ran out of memory (the chunks it mapped stay, free).
         """
         plan, self._plan = self._plan, None
-        if plan is None or not self._still_free(plan, size):
+        if plan is None or not self._still_free(plan):
             plan = self._placement(size)
             self._plan = None
         if plan is None:
@@ -329,20 +346,24 @@ class ExpandablePool(PoolBase):
                 f"the expandable range of {self.backend.handle.size} bytes has no free room "
                 f"of {self.extent(size)} bytes",
             )
-        sl, ext = plan[1], self.extent(size)
-        a, b = self._chunks(sl.offset, ext)
-        self._map(a, b)
+        ext = self.extent(size)
+        self._map(*self._chunks(plan.offset, ext))
+        sl = plan.slice
         self._buckets.remove(sl)
+        if plan.offset > sl.offset:  # past chunks being released: the head stays free
+            head = self._split(sl, FREE, plan.offset - sl.offset)
+            self._buckets.add(head)
+            self._dirty.append(head)
+            sl = head.next  # type: ignore[assignment]
+            self._buckets.remove(sl)
         return self._split(sl, size, ext)
 
-    def _still_free(self, plan: tuple[int, Slice, int], size: int) -> bool:
-        """The planned slice is still a free slice for ``size`` (nothing ran between)."""
-        sl = plan[1]
-        if plan[0] != size or sl.used != FREE:
+    def _still_free(self, plan: _Plan) -> bool:
+        """The planned slice is still free and its place clear (nothing ran between)."""
+        sl = plan.slice
+        if sl.used != FREE or not any(x is sl for x in self._free.get(sl.size, ())):
             return False
-        a, b = self._chunks(sl.offset, self.extent(size))
-        listed = any(x is sl for x in self._free.get(sl.size, ()))
-        return listed and self.state.find(RELEASING, a, b) < 0
+        return self._clear_offset(sl, self.extent(plan.size)) == plan.offset
 
     def _split(self, sl: Slice, size: int, ext: int) -> Slice:
         rest = sl.size - ext
@@ -354,6 +375,7 @@ class ExpandablePool(PoolBase):
             sl.next = tail
             sl.size = ext
             self._buckets.add(tail)
+            self._dirty.append(tail)  # a free neighbour after it merges on the next pass
         sl.used = size
         return sl
 
@@ -415,8 +437,7 @@ class ExpandablePool(PoolBase):
         g, rid = self.granularity, self.backend.handle.id
         keep: tuple[int, int] = (0, 0)
         if self._plan is not None:
-            _, sl, _ = self._plan
-            keep = self._chunks(sl.offset, self.extent(self._plan[0]))
+            keep = self._chunks(self._plan.offset, self.extent(self._plan.size))
         pages = []
         for first, count in self.free_runs():
             for lo, hi in _outside(first, first + count, keep):
