@@ -434,3 +434,10 @@ async def test_memory_goes_back_to_the_device(anyio_backend: str) -> None:
         assert (await client.memory_usage()).bytes_reserved == 0
         free_after = int(check(cu().cuMemGetInfo())[0])
         assert free_after >= free_before - (64 << 20), (free_before, free_after)
+
+
+def test_a_plan_of_an_expandable_run_says_there_is_nothing_to_plan() -> None:
+    m, _, _ = manager()
+    m.reserve(5 * MiB)
+    with pytest.raises(ac.InvalidArgument, match="maps what it uses"):
+        m.report().plan()

@@ -44,6 +44,9 @@ log = logging.getLogger("asynccube.memory")
 
 _OOM: Final = 2  # CUDA_ERROR_OUT_OF_MEMORY
 KEEP_ALL: Final = 2**64 - 1
+_RANGE_WAIT: Final = 30.0
+"""Seconds the storage's close waits for an expandable range's releases (a broken
+context fails them fast; past this, the process's exit reclaims the memory)."""
 
 
 class CudaStorage:
@@ -205,7 +208,7 @@ class CudaStorage:
         for sid in list(self._pages):
             self.dealloc(sid)
         for rng in self._closing:
-            rng.wait()
+            rng.wait(_RANGE_WAIT)
         self._closing.clear()
         d = cu()
         if self._stream is not None:
