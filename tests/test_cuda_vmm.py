@@ -7,7 +7,6 @@ import itertools
 import threading
 import time
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -39,7 +38,7 @@ class FakeVmm:
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("CU"):
-            return types.SimpleNamespace(**{k: 0 for k in _ENUMS})
+            return types.SimpleNamespace(**dict.fromkeys(_ENUMS, 0))
         raise AttributeError(name)
 
     def _failing(self, call: str) -> int:
@@ -112,10 +111,10 @@ def _struct() -> Any:
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVmm]:
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeVmm:
     vmm = FakeVmm()
     monkeypatch.setattr(driver, "_module", vmm)
-    yield vmm
+    return vmm
 
 
 def settle(rng: VirtualRange) -> list[tuple[int, int]]:
