@@ -9,7 +9,9 @@ replaced by a tensor ``x1.05`` to ``x1.3`` larger (or smaller), allocated before
 one is dropped, each size walking up to ``--high`` and back down to ``--low`` and up
 again: what a batch of growing sequences, a resized cache or a changing batch size does.
 The figure is the peak bytes reserved over the peak bytes in use (requested, both
-tensors of a step alive); 1.0 is no fragmentation at all.
+tensors of a step alive); 1.0 is no fragmentation at all. Beside it, the time a step's
+allocation takes (with a sync on a GPU: an expandable range maps 2 MiB chunks one by
+one when it grows, which the other pools do not).
 
 What is measured, on the same sequence:
 
@@ -32,6 +34,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +85,16 @@ def churn(
 
 
 class Peaks:
-    """Peak bytes in use (requested) and reserved over a run."""
+    """Peak bytes in use (requested) and reserved over a run, and the time it took
+    (the allocations and frees, the reserved-bytes queries excluded)."""
 
     def __init__(self, slots: int) -> None:
         self.sizes = [0] * slots
         self.in_use = 0
         self.peak_use = 0
         self.peak_reserved = 0
+        self.seconds = 0.0
+        self.steps = 0
 
     def allocated(self, size: int) -> None:
         self.in_use += size
@@ -101,11 +107,16 @@ class Peaks:
     def reserved(self, nbytes: int) -> None:
         self.peak_reserved = max(self.peak_reserved, nbytes)
 
+    def timed(self, seconds: float) -> None:
+        self.seconds += seconds
+        self.steps += 1
+
     def figures(self) -> dict[str, float]:
         return {
             "peak_in_use": self.peak_use,
             "peak_reserved": self.peak_reserved,
             "ratio": self.peak_reserved / self.peak_use,
+            "us_per_step": 1e6 * self.seconds / max(self.steps, 1),
         }
 
 
@@ -119,10 +130,12 @@ def pool_logic(config: MemoryConfig, sequence: Sequence) -> dict[str, float]:
     peaks = Peaks(_slots(sequence))
     live: list[Any] = [None] * len(peaks.sizes)
     for slot, size in sequence:
+        start = time.perf_counter()
         handle = memory.reserve(size)
+        live[slot] = handle  # the old tensor is dropped here
+        peaks.timed(time.perf_counter() - start)
         peaks.allocated(size)
         peaks.reserved(memory.bytes_reserved)
-        live[slot] = handle  # the old tensor is dropped here
         peaks.replaced(slot, size)
     memory.close()
     return peaks.figures()
@@ -141,7 +154,10 @@ async def asynccube_client(device: str, pool: str, sequence: Sequence) -> dict[s
     live: list[Any] = [None] * len(peaks.sizes)
     async with ac.open_client(device, config={"memory": {"pool": pool}}) as client:
         for slot, size in sequence:
+            start = time.perf_counter()
             handle = client.empty(size)
+            await client.sync()  # the allocation ran (it is queued by empty)
+            peaks.timed(time.perf_counter() - start)
             peaks.allocated(size)
             peaks.reserved((await client.memory_usage()).bytes_reserved)
             live[slot] = handle
@@ -157,7 +173,10 @@ def torch_worker(sequence: Sequence, device: str) -> dict[str, float]:
     peaks = Peaks(_slots(sequence))
     live: list[Any] = [None] * len(peaks.sizes)
     for slot, size in sequence:
+        start = time.perf_counter()
         tensor = torch.empty(size, dtype=torch.uint8, device=device)
+        torch.cuda.synchronize(device)
+        peaks.timed(time.perf_counter() - start)
         peaks.allocated(size)
         peaks.reserved(torch.cuda.memory_reserved(device))
         live[slot] = tensor
@@ -228,17 +247,19 @@ def render(figs: dict[str, Any]) -> str:
     body = []
     for name, row in figs["rows"].items():
         if "error" in row:
-            body.append([name, "-", "-", f"not run: {row['error']}"])
+            body.append([name, "-", "-", f"not run: {row['error']}", "-"])
             continue
         use, res = row["peak_in_use"] / MiB, row["peak_reserved"] / MiB
-        body.append([name, f"{use:.0f} MiB", f"{res:.0f} MiB", f"{row['ratio']:.3f}"])
+        step = f"{row['us_per_step']:.1f}"
+        body.append([name, f"{use:.0f} MiB", f"{res:.0f} MiB", f"{row['ratio']:.3f}", step])
     w = figs["workload"]
     head = (
         f"{w['tensors']} tensors, {w['steps']} steps, sizes {w['low'] // KiB} KiB .. "
         f"{w['high'] // MiB} MiB (seed {w['seed']}). Goal: the expandable pool <= {GOAL} "
         f"where the sliced pools reach >= {SLICED_AT_LEAST}.\n\n"
     )
-    return head + table(["allocator", "peak in use", "peak reserved", "reserved / in use"], body)
+    columns = ["allocator", "peak in use", "peak reserved", "reserved / in use", "µs/step"]
+    return head + table(columns, body)
 
 
 def main(argv: list[str] | None = None) -> int:
