@@ -1,8 +1,9 @@
 """The one-call routes (``cuda/fast.py``), compiled and pure-Python twin, without a
 GPU: their argument checks here, and the client -> CudaServer scenarios of
-``fast_launch_scenario.py`` (launches, reads, syncs) and ``fast_alloc_scenario.py``
-(allocations) in processes of their own on the no-op driver of
-``benchmarks/bench_overhead.py`` (a GPU runs the same routes in every CUDA test)."""
+``fast_launch_scenario.py`` (launches, reads, syncs), ``fast_alloc_scenario.py``
+(allocations) and ``fast_expandable_scenario.py`` (the expandable pool) in processes
+of their own on the no-op driver of ``benchmarks/bench_overhead.py`` (a GPU runs the
+same routes in every CUDA test)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ SCENARIOS = {
     "fast_alloc_scenario.py": (
         "alloc_taken", "alloc_declined", "alloc_passed", "alloc_other_task", "alloc_create",
         "alloc_errors", "alloc_after_read", "alloc_carried",
+    ),
+    "fast_expandable_scenario.py": (
+        "expandable_taken", "expandable_grows_in_place", "expandable_cleanup_race",
     ),
 }  # fmt: skip
 

@@ -89,6 +89,10 @@ class PoolPreset(enum.StrEnum):
     """Sliced pages for small buffers, exclusive pages for large ones."""
     EXCLUSIVE = "exclusive"
     """One buffer per page: no sharing, more padding, simplest reuse."""
+    EXPANDABLE = "expandable"
+    """One reserved range of device addresses grown in place, backed by physical chunks
+    on demand (PyTorch's ``expandable_segments``): sizes that keep changing do not
+    fragment. CUDA only: a host client refuses it at connect (``MemoryLayoutError``)."""
 
 
 class PersistentMemory(enum.StrEnum):
@@ -258,7 +262,8 @@ class MemoryConfig:
     """``[memory]``: pool layout, the persistent pool, and logging.
 
     Attributes:
-        pool: Pool preset, used when ``pools`` is empty.
+        pool: Pool preset, used when ``pools`` is empty: ``"default"``,
+            ``"exclusive"`` or ``"expandable"`` (CUDA only).
         pools: The pools, in routing order (``[[memory.pools]]`` tables, see
             :class:`~asynccube.MemoryPool`); empty: the ``pool`` preset.
         persistent_memory: Persistent pool policy.

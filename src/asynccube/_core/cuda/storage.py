@@ -10,6 +10,8 @@ once), which makes the page usable from every stream. The pool's release thresho
 set (by default: keep everything) so that freed pages are not handed back to the driver
 at every synchronization; :meth:`CudaStorage.trim` gives them back (``memory_cleanup``).
 The memory manager frees a page only when no stream can still use it.
+:meth:`CudaStorage.reserve_range` reserves the range of an expandable pool instead
+(:mod:`.vmm`: the driver's virtual memory API); the range's id resolves like a page's.
 
 :class:`PinnedPool` hands out page-locked host buffers (``cuMemHostAlloc``) for staging
 reads and writes, reused by size class: small ones rounded up to a power of two, large
@@ -31,9 +33,10 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import OutOfMemory
+from ..errors import MemoryLayoutError, OutOfMemory
 from ..memory.storage import StorageHandle, StorageOutOfMemory
 from .driver import ALIGNMENT, check, cu, error_from
+from .vmm import VirtualRange, vmm_supported
 
 __all__ = ["CudaStorage", "PinnedBuffer", "PinnedPool"]
 
@@ -41,6 +44,9 @@ log = logging.getLogger("asynccube.memory")
 
 _OOM: Final = 2  # CUDA_ERROR_OUT_OF_MEMORY
 KEEP_ALL: Final = 2**64 - 1
+_RANGE_WAIT: Final = 30.0
+"""Seconds the storage's close waits for an expandable range's releases (a broken
+context fails them fast; past this, the process's exit reclaims the memory)."""
 
 
 class CudaStorage:
@@ -69,6 +75,10 @@ class CudaStorage:
         flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
         self._stream = check(d.cuStreamCreate(flags), "cuStreamCreate(storage)")
         self._pages: dict[int, tuple[int, int]] = {}
+        self._ranges: dict[int, VirtualRange] = {}
+        self._closing: list[VirtualRange] = []
+        self._ordinal = ordinal
+        self._device = dev
         self._ids = itertools.count(1)
         self.allocated = 0
 
@@ -140,10 +150,34 @@ class CudaStorage:
             check(d.cuMemFree(ptr), "cuMemFree")
 
     def dealloc(self, storage_id: int) -> None:
-        """Free page ``storage_id`` (no stream may still use it); unknown ids are ignored."""
+        """Free page ``storage_id`` (no stream may still use it); unknown ids are ignored.
+        A range's chunks and addresses are freed by its own thread."""
         page = self._pages.pop(storage_id, None)
-        if page is not None:
+        rng = self._ranges.pop(storage_id, None)
+        if rng is not None:
+            rng.close()
+            self._closing.append(rng)
+        elif page is not None:
             self._raw_free(page[0])
+
+    def reserve_range(self, size: int) -> VirtualRange:
+        """An expandable range of ``size`` bytes of addresses, nothing mapped (its id
+        resolves like a page's; ``dealloc`` frees it).
+
+        Raises:
+            MemoryLayoutError: the device has no virtual memory management.
+        """
+        if not vmm_supported(self._device):
+            raise MemoryLayoutError(
+                f"GPU {self._ordinal} does not support the driver's virtual memory API "
+                "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0), which the "
+                'expandable pool needs; use [memory] pool = "default" on it'
+            )
+        sid = next(self._ids)
+        rng = VirtualRange(self._ordinal, size, sid)
+        self._ranges[sid] = rng
+        self._pages[sid] = (rng.base, 0)
+        return rng
 
     def resource(self, handle: StorageHandle) -> int:
         """The device address of ``handle``'s first byte."""
@@ -173,6 +207,9 @@ class CudaStorage:
         """Free every page and the pool (call once all work using them is done)."""
         for sid in list(self._pages):
             self.dealloc(sid)
+        for rng in self._closing:
+            rng.wait(_RANGE_WAIT)
+        self._closing.clear()
         d = cu()
         if self._stream is not None:
             check(d.cuStreamSynchronize(self._stream), "cuStreamSynchronize(storage)")

@@ -92,7 +92,8 @@ class DryRunServer(HostServer):
 
     def _manager(self, memory: MemoryConfig) -> MemoryManagement[View]:
         limit = None if self._target is None else self._target.max_allocation
-        storage = DryStorage(self._alignment, limit)
+        cuda = self._target is not None and self._target.kind == "cuda"
+        storage = DryStorage(self._alignment, limit, ranges=cuda)  # CUDA's virtual memory
         return MeasuredMemory(storage, memory, owner_id=self._table.queue.owner_id)
 
     # -- what runs nothing ------------------------------------------------------------

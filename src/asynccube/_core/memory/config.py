@@ -20,8 +20,10 @@ from ..config.pools import MemoryLayout, MemoryPool, PoolKind
 __all__ = [
     "DEFAULT_CACHE_RATIO",
     "DEFAULT_MAX_ALLOCATION",
+    "EXPANDABLE_CACHE_RATIO",
     "DirectPages",
     "ExclusivePages",
+    "ExpandablePages",
     "MemoryConfig",
     "PersistentPages",
     "PoolOptions",
@@ -72,6 +74,11 @@ def with_host_limit(config: MemoryConfig | None) -> MemoryConfig:
 
 DEFAULT_CACHE_RATIO: Final = 0.1
 """The default preset's bound on empty pages kept, as a fraction of the other pages."""
+
+EXPANDABLE_CACHE_RATIO: Final = 0.0
+"""The expandable preset's ``cache_ratio``: before the range maps more chunks, every
+free chunk (but those the growth uses) is released, so what it maps follows what is
+live (on the churn of ``benchmarks/bench_memory_churn.py``, within a few percent)."""
 
 _BASE_DEALLOC_PERIOD: Final = 5000
 """Allocation calls a free exclusive page may go unused before it is released (cubecl's)."""
@@ -168,7 +175,30 @@ class PersistentPages:
     max_total: int | None = None
 
 
-PoolOptions = SlicedPages | ExclusivePages | DirectPages
+@dataclass(frozen=True, slots=True)
+class ExpandablePages:
+    """A pool on one reserved range of device addresses, backed by physical chunks on
+    demand and grown in place (see :mod:`.expandable`); CUDA only.
+
+    Args:
+        max_alloc_size: The largest request this pool accepts.
+        virtual_size: Bytes of addresses reserved (``None``: twice the device's memory,
+            or 1 TiB where the storage does not say); the bytes mapped stay below the
+            device's memory, the rest is room for free holes between slices.
+        max_total: A cap on the bytes mapped (``None``: no cap).
+    """
+
+    max_alloc_size: int
+    virtual_size: int | None = None
+    max_total: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive("max_alloc_size", self.max_alloc_size)
+        if self.virtual_size is not None:
+            _check_positive("virtual_size", self.virtual_size)
+
+
+PoolOptions = SlicedPages | ExclusivePages | DirectPages | ExpandablePages
 """The options of one routed pool."""
 
 
@@ -176,11 +206,12 @@ PoolOptions = SlicedPages | ExclusivePages | DirectPages
 class MemoryConfig:
     """How a memory manager is laid out: a preset, or a custom list of pools.
 
-    Build one with :meth:`default`, :meth:`exclusive_pages` or :meth:`custom`.
+    Build one with :meth:`default`, :meth:`exclusive_pages`, :meth:`expandable` or
+    :meth:`custom`.
 
     Attributes:
-        preset: ``"default"`` (the sub-slices ladder), ``"exclusive_pages"`` or
-            ``"custom"``.
+        preset: ``"default"`` (the sub-slices ladder), ``"exclusive_pages"``,
+            ``"expandable"`` (one expandable pool, CUDA only) or ``"custom"``.
         pools: The pools of a custom config, in routing order.
         max_allocation: The largest single allocation allowed; ``None`` means the
             storage's limit, capped at :data:`DEFAULT_MAX_ALLOCATION`.
@@ -211,7 +242,7 @@ class MemoryConfig:
     high_water: int | None = None
 
     def __post_init__(self) -> None:
-        if self.preset not in ("default", "exclusive_pages", "custom"):
+        if self.preset not in ("default", "exclusive_pages", "expandable", "custom"):
             raise ValueError(f"unknown memory preset {self.preset!r}")
         if self.preset == "custom" and not self.pools:
             raise ValueError("a custom memory config needs at least one pool")
@@ -238,6 +269,19 @@ class MemoryConfig:
     def exclusive_pages(cls, *, max_allocation: int | None = None) -> MemoryConfig:
         """One slice per page, in a ladder of page sizes (cubecl's ``ExclusivePages``)."""
         return cls("exclusive_pages", (), max_allocation)
+
+    @classmethod
+    def expandable(
+        cls,
+        *,
+        max_allocation: int | None = None,
+        cache_ratio: float | None = EXPANDABLE_CACHE_RATIO,
+    ) -> MemoryConfig:
+        """One expandable pool for every size (PyTorch's ``expandable_segments``): a
+        reserved range of addresses grown in place; before it maps more chunks, the
+        free chunks beyond ``cache_ratio`` of the rest are released (by default all of
+        them). CUDA only: the host has no virtual memory API."""
+        return cls("expandable", (), max_allocation, cache_ratio)
 
     @classmethod
     def custom(
@@ -272,6 +316,8 @@ class MemoryConfig:
             return self.pools
         if self.preset == "exclusive_pages":
             return _exclusive_ladder(alignment, max_allocation)
+        if self.preset == "expandable":
+            return (ExpandablePages(max_allocation),)
         return _sub_slices(alignment, max_allocation)
 
 

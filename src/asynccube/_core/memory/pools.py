@@ -14,6 +14,8 @@ Four pools, as in cubecl-runtime (and a direct one):
   in allocation calls.
 - :class:`DirectPool` gives each slice a storage allocation of its own and gives it
   back as soon as the slice is released (nothing cached).
+- :class:`~.expandable.ExpandablePool` carves one reserved range of device addresses,
+  backed by physical chunks on demand and grown in place (CUDA's virtual memory API).
 - :class:`PersistentPool` allocates each slice exactly and reuses it only for a request
   of the same aligned size (weights, caches: allocated once, kept for long).
 
@@ -33,6 +35,7 @@ persistent pools); this module gathers them.
 from __future__ import annotations
 
 from .exclusive import DirectPool, ExclusivePool, PersistentPool
+from .expandable import ExpandablePool
 from .pages import DEAD, FREE, Page, PoolReport, Slice
 from .sliced import _MAX_DIRTY as _MAX_DIRTY
 from .sliced import SlicedPool
@@ -42,6 +45,7 @@ __all__ = [
     "FREE",
     "DirectPool",
     "ExclusivePool",
+    "ExpandablePool",
     "Page",
     "PersistentPool",
     "Pool",
@@ -50,5 +54,5 @@ __all__ = [
     "SlicedPool",
 ]
 
-Pool = SlicedPool | ExclusivePool | DirectPool
+Pool = SlicedPool | ExclusivePool | DirectPool | ExpandablePool
 """Any dynamic pool."""

@@ -78,10 +78,17 @@ class MemoryReport:
         served (by it) rather than refused; pools that held nothing keep their cap.
 
         Raises:
-            InvalidArgument: ``headroom`` is negative.
+            InvalidArgument: ``headroom`` is negative, or the run used the expandable
+                pool (it maps what it uses as it goes: nothing to plan).
         """
         if isinstance(headroom, bool) or not headroom >= 0:
             raise InvalidArgument(f"headroom={headroom!r} must be a number >= 0 (0.25: 25% more)")
+        if any(p.kind == "expandable" for p in self.pools):
+            raise InvalidArgument(
+                "plan() sizes layouts of sliced and exclusive pools; this run used the "
+                "expandable pool, which maps what it uses as it goes: keep "
+                '[memory] pool = "expandable" (its peak is in this report)'
+            )
         last = len(self.pools) - 1
         pools = [_planned(p, headroom, i == last) for i, p in enumerate(self.pools)]
         persistent = self.persistent

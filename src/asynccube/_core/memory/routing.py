@@ -6,7 +6,15 @@ from collections.abc import Iterator
 from typing import Final
 
 from ..errors import MemoryLayoutError
-from .config import DirectPages, ExclusivePages, PersistentPages, PoolOptions, SlicedPages
+from .config import (
+    DirectPages,
+    ExclusivePages,
+    ExpandablePages,
+    PersistentPages,
+    PoolOptions,
+    SlicedPages,
+)
+from .expandable import ExpandablePool
 from .pools import DirectPool, ExclusivePool, PersistentPool, Pool, Slice, SlicedPool
 from .storage import ComputeStorage
 
@@ -37,6 +45,8 @@ def build_pool(
         )
     elif isinstance(options, DirectPages):
         pool = DirectPool(options.max_alloc_size, alignment, storage, registry, ids)
+    elif isinstance(options, ExpandablePages):
+        pool = _expandable(options, alignment, registry, ids, storage)
     else:
         pool = SlicedPool(options.page_size, options.max_slice_size, alignment, registry, ids)
     pool.max_total = options.max_total
@@ -46,6 +56,38 @@ def build_pool(
         if options.initial:
             pool.prefill(storage, options.initial)
     return pool
+
+
+_DRY_VIRTUAL: Final = 1 << 40
+"""The addresses an expandable range reserves where the storage does not know its
+device's memory (1 TiB)."""
+
+
+def _expandable(
+    options: ExpandablePages,
+    alignment: int,
+    registry: dict[int, Slice],
+    ids: Iterator[int],
+    storage: ComputeStorage[object],
+) -> ExpandablePool:
+    """An expandable pool over a range the storage reserves.
+
+    Raises:
+        MemoryLayoutError: the storage has no virtual memory (the host server's).
+    """
+    reserve_range = getattr(storage, "reserve_range", None)
+    if reserve_range is None:
+        raise MemoryLayoutError(
+            "the expandable pool needs the CUDA driver's virtual memory API (a reserved "
+            "range of device addresses backed by physical chunks); the host server has "
+            'none: use [memory] pool = "default" or "exclusive" on the host, and '
+            '"expandable" for cuda:N only'
+        )
+    size = options.virtual_size
+    if size is None:
+        size = 2 * storage.max_alloc if storage.max_alloc else _DRY_VIRTUAL
+    backend = reserve_range(size)
+    return ExpandablePool(backend, options.max_alloc_size, alignment, registry, ids)
 
 
 def _check_cap(page: int, cap: int) -> None:

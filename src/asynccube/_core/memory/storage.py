@@ -21,6 +21,7 @@ from __future__ import annotations
 import _thread
 import itertools
 import queue
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar, runtime_checkable
@@ -31,6 +32,7 @@ import numpy.typing as npt
 __all__ = [
     "BytesStorage",
     "ComputeStorage",
+    "DryChunks",
     "DryStorage",
     "HostResource",
     "StorageHandle",
@@ -205,6 +207,42 @@ class BytesStorage:
         return iter(list(self._pages))
 
 
+class DryChunks:
+    """A ``ChunkBackend`` (:mod:`.expandable`) that maps nothing: chunks are only
+    counted (a dry run's, the tests', the host side of the churn benchmark). Unmapping
+    finishes at once.
+
+    Args:
+        handle: The range (its storage id and size).
+        granularity: The chunk size it stands for (2 MiB: the CUDA devices' minimum).
+    """
+
+    def __init__(self, handle: StorageHandle, granularity: int = 2 << 20) -> None:
+        self.handle = handle
+        self.granularity = granularity
+        self.mapped = 0
+        self.maps = 0
+        self.unmaps = 0
+        self._done: deque[tuple[int, int]] = deque()
+
+    def map(self, first: int, count: int) -> None:
+        """Count ``count`` chunks as mapped."""
+        self.mapped += count
+        self.maps += 1
+
+    def unmap(self, first: int, count: int) -> None:
+        """Count ``count`` chunks as unmapped (done at once)."""
+        self.mapped -= count
+        self.unmaps += 1
+        self._done.append((first, count))
+
+    def unmapped(self) -> list[tuple[int, int]]:
+        """The runs unmapped since the last call."""
+        done = list(self._done)
+        self._done.clear()
+        return done
+
+
 _ZERO: Final = np.zeros(1, np.uint8)
 _ZERO.flags.writeable = False
 
@@ -218,14 +256,29 @@ class DryStorage:
     Args:
         alignment: The alignment of the storage it stands for (64 host, 512 CUDA).
         max_alloc: The largest allocation of the device it stands for (None: unknown).
+        ranges: It stands for a storage with virtual memory (CUDA's): expandable
+            ranges are reserved (:meth:`reserve_range`, chunks counted, not mapped).
     """
 
-    def __init__(self, alignment: int = 64, max_alloc: int | None = None) -> None:
+    def __init__(
+        self, alignment: int = 64, max_alloc: int | None = None, *, ranges: bool = False
+    ) -> None:
         self.alignment = alignment
         self.max_alloc = max_alloc
         self.allocated = 0
         self._pages: dict[int, int] = {}
         self._ids = itertools.count(1)
+        if ranges:
+            self.reserve_range = self._reserve_range
+
+    def _reserve_range(self, size: int) -> DryChunks:
+        """A range of ``size`` bytes (whole 2 MiB chunks) that maps nothing."""
+        chunks = DryChunks(StorageHandle(0, 0, 0))
+        size = -(-size // chunks.granularity) * chunks.granularity
+        sid = next(self._ids)
+        self._pages[sid] = 0  # its chunks are counted by the pool, not here
+        chunks.handle = StorageHandle(sid, 0, size)
+        return chunks
 
     def __repr__(self) -> str:
         return f"DryStorage(pages={len(self._pages)}, allocated={self.allocated})"

@@ -35,6 +35,8 @@ class Settings:
             layout = PoolLayout.from_layout(MemoryLayout(memory.pools), max_allocation)
         elif memory.pool is PoolPreset.EXCLUSIVE:
             layout = PoolLayout.exclusive_pages(max_allocation=max_allocation)
+        elif memory.pool is PoolPreset.EXPANDABLE:
+            layout = PoolLayout.expandable(max_allocation=max_allocation)
         else:
             layout = PoolLayout.default(max_allocation=max_allocation)
         if memory.high_water_bytes:
