@@ -24,6 +24,51 @@ MiB = 1 << 20
 # ----------------------------------------------------------------- no GPU needed
 
 
+class _FakeHostAllocs:
+    """``cuMemHostAlloc``/``cuMemFreeHost`` over distinct fake addresses."""
+
+    CU_MEMHOSTALLOC_PORTABLE = 1
+
+    def __init__(self) -> None:
+        self.next, self.freed = 0x10000, []
+
+    def cuMemHostAlloc(self, size: int, flags: int) -> tuple[int, int]:
+        self.next += size
+        return 0, self.next
+
+    def cuMemFreeHost(self, ptr: int) -> tuple[int]:
+        self.freed.append(ptr)
+        return (0,)
+
+
+def test_buffers_past_the_cache_limit_are_freed_without_hanging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Buffers that come back past ``max_cached`` are freed when the pool next takes
+    one; freeing them under the pool's lock (not reentrant) hung the taking thread, the
+    loop's when a read wanted a staging buffer (bench_collectives on two H100s)."""
+    import threading
+
+    from asynccube._core.cuda import storage
+
+    fake = _FakeHostAllocs()
+    monkeypatch.setattr(storage, "cu", lambda: fake)
+    monkeypatch.setattr(storage, "check", lambda result, what="": result)
+    pool = PinnedPool(max_cached=8192)
+    bufs = [pool.take(4096) for _ in range(4)]
+    for buf in bufs:
+        buf.release()  # four come back; the cache keeps two
+    took: list[Any] = []
+    worker = threading.Thread(target=lambda: took.append(pool.try_take(4096)), daemon=True)
+    worker.start()
+    worker.join(5)
+    assert not worker.is_alive(), "try_take hung freeing a buffer past the cache limit"
+    assert took[0] is not None and len(fake.freed) == 2 and pool.cached == 4096
+    took[0].release()
+    pool.trim()
+    assert len(fake.freed) == 4 and pool.cached == 0
+
+
 def test_driver_available_never_raises() -> None:
     ok, reason = driver_available()
     assert isinstance(ok, bool)

@@ -335,8 +335,9 @@ class PinnedPool:
     def try_take(self, size: int) -> PinnedBuffer | None:
         """A free pinned buffer of at least ``size`` bytes, or None (never allocates)."""
         with self._lock:
-            self._drain()
+            spare = self._drain()
             ptr, cap = self._reuse(self.class_size(size))
+        self._free_all(spare)
         return PinnedBuffer(self, ptr, size, cap) if ptr else None
 
     def warm(self, sizes: list[int]) -> None:
@@ -380,17 +381,27 @@ class PinnedPool:
         else:
             self._returned.append((ptr, cap))  # any thread: deque.append is atomic
 
-    def _drain(self) -> None:
+    def _drain(self) -> list[tuple[int, int]]:
+        """Take the returned buffers into the free lists (under ``_lock``); those past
+        ``max_cached`` (or of a closed pool) are returned, for the caller to free once it
+        released the lock (:meth:`_free_host` takes it: freeing them here hung the
+        thread, the loop's when a read wanted a buffer)."""
+        spare: list[tuple[int, int]] = []
         while self._returned:
             ptr, cap = self._returned.popleft()
             if self.closed or self.cached + cap > self.max_cached:
-                self._free_host(ptr, cap)
+                spare.append((ptr, cap))
                 continue
             free = self._free.setdefault(cap, [])
             if not free and cap > self.small_limit:
                 bisect.insort(self._large, cap)
             free.append(ptr)
             self.cached += cap
+        return spare
+
+    def _free_all(self, spare: list[tuple[int, int]]) -> None:
+        for ptr, cap in spare:
+            self._free_host(ptr, cap)
 
     def _free_host(self, ptr: int, cap: int) -> None:
         try:
@@ -421,10 +432,11 @@ class PinnedPool:
     def trim(self) -> None:
         """Free every cached (unused) buffer."""
         with self._lock:
-            self._drain()
+            spare = self._drain()
             free, self._free = self._free, {}
             self._large.clear()
             self.cached = 0
+        self._free_all(spare)
         for cap, ptrs in free.items():
             for ptr in ptrs:
                 self._free_host(ptr, cap)
