@@ -223,10 +223,13 @@ async def write_connected() -> None:
         handles = [c.empty(SIZE) for _ in range(2 * n)]  # slices for fast.empty to take
         await c.sync()
         del handles
-        launches = fast.stats[0]
+        taken, left = fast.stats  # launches and allocations: taken, left to the route
         c.execute(first, one, nothing)
-        assert (fast.stats[0] == launches + 1) is loaded, (loaded, fast.stats)
         made = [c.create(body(i)) for i in range(n)]
+        if loaded:  # the launch and the creates' allocations taken
+            assert fast.stats == (taken + 1 + n, left), fast.stats
+        else:  # the launch waits for its load: the allocations behind it are declined
+            assert fast.stats == (taken, left + 1 + n), fast.stats
         hits += n if loaded else 0
         assert fast.write_stats == (hits, declined), (loaded, fast.write_stats)
         staged = [ctypes.string_at(buf.ptr, SIZE) for buf, _ in spares.get(SIZE, [])]
