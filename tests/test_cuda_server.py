@@ -367,7 +367,7 @@ async def test_create_stages_each_body_until_the_device_copied_it(
     gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(0.05))
     hits = fast.write_stats[0]
     made = [gpu.create(bytes([i]) * size) for i in range(n)]
-    assert fast.write_stats[0] - hits == n, fast.write_stats
+    assert fast.write_stats[0] - hits == n, (fast.write_stats, fast.stats)
     spares = gpu.server._small_writes[size]  # type: ignore[attr-defined]
     assert len({id(buf) for buf, _ in spares}) == n
     for i, h in enumerate(made):
