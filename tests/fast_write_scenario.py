@@ -14,7 +14,7 @@ import ctypes
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fast_launch_scenario import ADD, N, Setup, U, ac, bench_overhead_lib, main
+from fast_launch_scenario import ADD, N, Setup, U, ac, bench_overhead, bench_overhead_lib, main
 
 SIZE = 4 * N  # the add kernel's buffers
 
@@ -43,6 +43,30 @@ def dropped(s: Setup, n: int) -> Awaitable[None]:
     done = s.client.sync()
     del handles
     return done
+
+
+def connected() -> Awaitable[Any]:
+    """A client opened by ``ac.connect("cuda:0")`` over the no-op driver: the server built
+    as for a GPU (``open_cuda_server``: the options of the configuration, ``warm()``, the
+    client's batch from ``[streaming]``), only the device's context and properties the
+    fake's (the no-op driver has no device to query)."""
+    from asynccube._core.cuda import driver
+    from asynccube._core.cuda import server as cuda_server
+
+    props = bench_overhead._server().properties
+    context: Any = driver.DeviceContext
+
+    async def opened() -> Any:
+        found, opens = cuda_server.device_properties, context.__dict__["open"]
+        cuda_server.device_properties = lambda index: props
+        context.open = classmethod(lambda cls, index: cls(index, 1, 1))
+        try:
+            return await ac.connect("cuda:0")
+        finally:
+            cuda_server.device_properties = found
+            context.open = opens
+
+    return opened()
 
 
 async def write_taken() -> None:
@@ -179,8 +203,52 @@ async def write_error() -> None:
     await c.close()
 
 
+async def write_connected() -> None:
+    """The sequence of the GPU test ``test_create_stages_each_body_until_the_device_copied_it``
+    on a client ``ac.connect`` opens (:func:`connected`). The first launch of a kernel not
+    loaded yet waits in the queue for its load (a worker thread), on the caller's stream:
+    the creates behind it are left to the route (``FastLaunch.empty`` declines, so the
+    write is not even offered: their copies must not pass that launch) and still read back
+    their bodies. Once the kernel is loaded, its launch is taken in one call, and creates
+    right behind it (their stream not passed) each stage into a buffer of their own; once
+    read, the next creates reuse those buffers. (The no-op driver copies nothing: the
+    staging buffers are checked, not what a read gives.)"""
+    c = await connected()
+    fast: Any = c._fast
+    spares: dict[int, list[tuple[Any, Any]]] = c.server._small_writes  # type: ignore[attr-defined]
+    first = ac.Kernel("fw_first", cuda=ac.CudaSource(bench_overhead.ADD, "empty_kernel"))
+    one, nothing, n = ac.CubeCount(1), ac.Bindings(), 8
+    hits, declined = fast.write_stats
+    for loaded in (False, True):
+        handles = [c.empty(SIZE) for _ in range(2 * n)]  # slices for fast.empty to take
+        await c.sync()
+        del handles
+        taken, left = fast.stats  # launches and allocations: taken, left to the route
+        c.execute(first, one, nothing)
+        made = [c.create(body(i)) for i in range(n)]
+        if loaded:  # the launch and the creates' allocations taken
+            assert fast.stats == (taken + 1 + n, left), fast.stats
+        else:  # the launch waits for its load: the allocations behind it are declined
+            assert fast.stats == (taken, left + 1 + n), fast.stats
+        hits += n if loaded else 0
+        assert fast.write_stats == (hits, declined), (loaded, fast.write_stats)
+        staged = [ctypes.string_at(buf.ptr, SIZE) for buf, _ in spares.get(SIZE, [])]
+        assert staged == ([body(i) for i in range(n)] if loaded else []), loaded
+        for h in made:
+            assert len((await c.read([h]))[0]) == SIZE
+    kept = [buf for buf, _ in spares[SIZE]]
+    again = [c.create(body(100 + i)) for i in range(n)]
+    assert fast.write_stats == (hits + n, declined), fast.write_stats
+    assert {id(buf) for buf, _ in spares[SIZE]} == {id(buf) for buf in kept}, "reused"
+    staged = {ctypes.string_at(buf.ptr, SIZE) for buf in kept}
+    assert staged == {body(100 + i) for i in range(n)}
+    assert [len(b) for b in await c.read(again)] == [SIZE] * n
+    await c.close()
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
-    f.__name__: f for f in (write_taken, write_in_flight, write_declined, write_error)
+    f.__name__: f
+    for f in (write_taken, write_in_flight, write_declined, write_error, write_connected)
 }
 
 

@@ -38,7 +38,9 @@ SCENARIOS = {
         "ahead_taken", "ahead_declined", "ahead_untracked", "ahead_write", "ahead_concurrent",
         "ahead_records",
     ),
-    "fast_write_scenario.py": ("write_taken", "write_in_flight", "write_declined", "write_error"),
+    "fast_write_scenario.py": (
+        "write_taken", "write_in_flight", "write_declined", "write_error", "write_connected",
+    ),
     "fast_alloc_scenario.py": (
         "alloc_taken", "alloc_declined", "alloc_passed", "alloc_other_task", "alloc_create",
         "alloc_errors", "alloc_after_read", "alloc_carried",
