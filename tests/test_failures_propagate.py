@@ -304,3 +304,37 @@ def test_a_carried_error_is_of_the_roots_type_and_pickles() -> None:
         assert type(back) is type(error) and str(back) == str(error)
     for root in (RuntimeError, ac.TaintedBuffer):  # not asynccube's, or a taint already
         assert type(carried_error(root, "x")) is ac.TaintedBuffer
+
+
+async def test_a_graph_replay_binding_a_carrier_is_skipped_and_its_writes_carry_it(
+    client: ac.ComputeClient,
+) -> None:
+    """A replayed graph is one command: when a buffer one of its launches binds carries
+    a failure, the replay is skipped whole, and every buffer its launches bind (which
+    the replay would have written) carries the failure, each launch of the graph named
+    where a carrier reached it; a write clears as for a launch."""
+    a, b, c = (client.create(np.full(4, 7, np.uint32)) for _ in range(3))
+    d = client.create(np.zeros(4, np.uint32))
+    async with client.capture() as graph:
+        client.execute(ADDS[0], ac.CubeCount(1), _on([a, b, c]))  # c = a + b + 1
+        client.execute(ADDS[1], ac.CubeCount(1), _on([c, b, d]))  # d = c + b + 1
+    graph.replay()
+    np.testing.assert_array_equal(await client.read_array(d, np.uint32), np.full(4, 23))
+    client.execute(_root(7), ac.CubeCount(1), _on([a]))
+    with pytest.raises(FAILED):
+        await client.sync()
+    RUNS.clear()
+    graph.replay()  # a carries the failure: nothing of the graph runs
+    await client.sync()  # a skip is no new error
+    assert RUNS == []
+    for h, path in ((b, ["prop_add_0"]), (c, ["prop_add_0"]), (d, ["prop_add_0", "prop_add_1"])):
+        kind, text = await _error_of(client.read_array(h, np.uint32))
+        assert issubclass(kind, ac.TaintedBuffer) and issubclass(kind, FAILED), text
+        assert "prop_fail_7" in text and re.findall(r"skipped `([^`]+)`", text) == path, text
+    for h in (a, b, c, d):
+        _write(client, h, np.full(4, 1))
+    graph.replay()  # nothing carries it any more: the graph runs again
+    np.testing.assert_array_equal(await client.read_array(d, np.uint32), np.full(4, 5))
+    assert client._channel._held.failures() == 0
+    del graph  # its launches hold their buffers until it is dropped
+    await client.sync()

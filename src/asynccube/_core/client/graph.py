@@ -22,11 +22,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from ..channel.channel import State
+from ..channel.channel import Channel, State
 from ..errors import GraphCaptureError, InvalidHandle
 from ..server.capture import CapturedGraph, ServerCapture, check_update
 from ..values.bindings import Bindings
 from ..values.stream_id import StreamId, current_task
+from .launch import written_by
 
 if TYPE_CHECKING:
     from ..server.protocol import ComputeServer
@@ -188,7 +189,43 @@ class Graph:
                         f"{binding!r} in a graph update belongs to another client; use "
                         "buffers of the client that captured the graph"
                     )
-        channel.send(channel.fire, StreamId.current(), graph.replay, checked)
+        channel.send(_replay, channel, graph, checked, StreamId.current())
+
+
+def _replay(
+    channel: Channel, graph: CapturedGraph, updates: Mapping[int, Bindings], stream: StreamId
+) -> None:
+    """The actor's half of :meth:`Graph.replay`: the replay is one command writing every
+    buffer its launches bind. On a server whose failures are known when a command is
+    issued (CUDA: one graph launch), it is skipped whole when one of them carries a
+    failure (see :func:`_skip_graph`); a failed replay taints them, an issued one clears
+    them. The host server's workers decide launch by launch, as for ``execute``."""
+    bindings = [updates.get(i, launch.bindings) for i, launch in enumerate(graph.launches)]
+    if channel._clears_at_call and channel._held._tainted and _skip_graph(channel, graph, bindings):
+        return
+    written = [b for launch_bindings in bindings for b in written_by(launch_bindings)]
+    channel.fire_writing(stream, written, graph.replay, updates)
+
+
+def _skip_graph(channel: Channel, graph: CapturedGraph, bindings: list[Bindings]) -> bool:
+    """Whether a replay is skipped: a buffer one of its launches binds carries a failure.
+    Then each launch, in order, gives the buffers it binds the failure with a skip record
+    of its own (as a skipped launch does), a launch that binds no carrier naming
+    the replay's first carrier: the graph runs as one, so none of its launches ran."""
+    held = channel._held
+    tainted = held._tainted
+    bound = [[b.memory.id for b in written_by(bs)] for bs in bindings]
+    for launch, ids in zip(graph.launches, bound, strict=True):
+        if launch.count.binding is not None:
+            ids.append(launch.count.binding.memory.id)
+    first = next((mid for ids in bound for mid in ids if mid in tainted), None)
+    if first is None:
+        return False
+    for launch, ids, bs in zip(graph.launches, bound, bindings, strict=True):
+        written = [b.memory.id for b in written_by(bs)]
+        if not held.skip(launch.kernel.id, ids, written):
+            held.skip(launch.kernel.id, [first, *ids], written)
+    return True
 
 
 def _forget(reg: _Registry, key: int, loop: asyncio.AbstractEventLoop) -> None:

@@ -18,7 +18,7 @@ from ..values.stream_id import StreamId
 from ..values.types import Binding, ExecutionMode
 from .dispatch import Dispatch, Job
 
-__all__ = ["Launcher"]
+__all__ = ["Launcher", "written_by"]
 
 
 class Launcher:
@@ -66,7 +66,7 @@ class Launcher:
             job = prepare(kernel, count, stream)
         if job is not None:
             fire, execute = self._channel.fire_writing, self._server.execute
-            written = _written(bindings)
+            written = written_by(bindings)
             return self._dispatch.after(
                 job, stream, fire, stream, written, execute, kernel, count, bindings, mode
             )
@@ -74,10 +74,10 @@ class Launcher:
             self._server.execute(kernel, count, bindings, mode, stream)
         except BaseException as exc:
             channel.hold(stream, exc)
-            channel.taint(stream, _written(bindings), exc)
+            channel.taint(stream, written_by(bindings), exc)
             return None
         if channel._clears_at_call and channel._held._tainted:
-            channel._held.clear(b.memory.id for b in _written(bindings))
+            channel._held.clear(b.memory.id for b in written_by(bindings))
         return None
 
 
@@ -85,12 +85,12 @@ def _skipped(channel: Channel, kernel: Kernel, count: CubeCount, bindings: Bindi
     """Whether the launch is skipped: one of its buffers carries a failure (its written
     buffers carry it too then). For a server whose failures are known when a command is
     issued (CUDA); the host server's workers decide as the launch would run."""
-    written = [b.memory.id for b in _written(bindings)]
+    written = [b.memory.id for b in written_by(bindings)]
     bound = written if count.binding is None else [*written, count.binding.memory.id]
     return channel._held.skip(kernel.id, bound, written)
 
 
-def _written(bindings: Bindings) -> list[Binding]:
+def written_by(bindings: Bindings) -> list[Binding]:
     """The bindings a launch may write: its buffers and its tensor maps' buffers."""
     if not bindings.tensor_maps:
         return list(bindings.buffers)
