@@ -47,7 +47,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..channel.channel import Channel
+from ..channel.channel import Channel, State
 from ..channel.held import detach_frames
 from ..errors import InvalidArgument, LaunchDropped, WarmUpError
 from ..server.preparation import CACHE_ORIGINS, KernelPrepared
@@ -162,6 +162,15 @@ class WarmUp:
             for thread in threads:
                 thread.close()
 
+    async def reached(self) -> None:
+        """Return once the actor has run every command sent so far: a dropped launch is
+        counted (and its kernel's job started) when the actor reaches it, and one the
+        channel queued (behind another command, or past the loop iteration's budget: a
+        GPU server's creates often are) may not have been reached when its scope ends."""
+        channel = self._channel
+        if channel.state is State.OPEN and not channel.idle():
+            await channel.request(_reached, channel)
+
     def watermark(self) -> int:
         """An id below that of every buffer made from now on (0: every buffer)."""
         return 0 if self._watermark is None else self._watermark()
@@ -271,6 +280,8 @@ class Scope:
         absorbed = exc is not None and _only_dropped(exc)
         if exc is not None and not absorbed:
             return False  # ends at once: the jobs started finish in their threads
+        if self.dropping:
+            await self._part.reached()
         await self._finish()
         if self.stats.failures and self._raise:
             raise _warm_up_error(self.stats.failures)
@@ -368,6 +379,13 @@ def leave_scopes() -> None:
     """Leave every scope in the calling task's context (a tuner's own measuring task:
     its launches run, whatever scope started it)."""
     _SCOPES.set(())
+
+
+def _reached(channel: Channel, fut: Any) -> None:
+    """The command :meth:`WarmUp.reached` awaits: it resolves its future when run."""
+    channel.settled(fut)
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _dropped(kernel: Kernel) -> LaunchDropped:
