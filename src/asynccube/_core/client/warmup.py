@@ -42,6 +42,7 @@ launch is routed by the scope of the task that makes it.
 from __future__ import annotations
 
 import os
+import traceback
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -163,12 +164,16 @@ class WarmUp:
                 thread.close()
 
     async def reached(self) -> None:
-        """Return once the actor has run every command sent so far: a dropped launch is
-        counted (and its kernel's job started) when the actor reaches it, and one the
-        channel queued (behind another command, or past the loop iteration's budget: a
-        GPU server's creates often are) may not have been reached when its scope ends."""
+        """Return once the actor has run every command sent so far, then collected the
+        buffers dropped so far (the server's ``end_batch``). A dropped launch is counted
+        (and its kernel's job started) when the actor reaches it, and one the channel
+        queued (behind another command, or past the loop iteration's budget: a GPU
+        server's creates often are) may not have been reached when its scope ends. The
+        collection forgets the :class:`LaunchDropped` taints of the scope's buffers that
+        are gone: while any buffer carries a failure, the servers' one-call routes
+        decline, and the first request after a warm-up would take the slow routes."""
         channel = self._channel
-        if channel.state is State.OPEN and not channel.idle():
+        if channel.state is State.OPEN:
             await channel.request(_reached, channel)
 
     def watermark(self) -> int:
@@ -280,6 +285,8 @@ class Scope:
         absorbed = exc is not None and _only_dropped(exc)
         if exc is not None and not absorbed:
             return False  # ends at once: the jobs started finish in their threads
+        if exc is not None:  # absorbed
+            _clear_ended_frames(exc)  # the pass's buffers go now, with their taints
         if self.dropping:
             await self._part.reached()
         await self._finish()
@@ -382,10 +389,25 @@ def leave_scopes() -> None:
 
 
 def _reached(channel: Channel, fut: Any) -> None:
-    """The command :meth:`WarmUp.reached` awaits: it resolves its future when run."""
+    """The command :meth:`WarmUp.reached` awaits: it collects what was dropped (the
+    server's batch end) and resolves its future."""
     channel.settled(fut)
+    channel.server.end_batch()
     if not fut.done():
         fut.set_result(None)
+
+
+def _clear_ended_frames(exc: BaseException) -> None:
+    """Clear the locals of the frames an absorbed :class:`LaunchDropped` (or each one of
+    a group) passed through, which have ended: the handler's buffers are dropped now,
+    not when the error is freed after the scope (``frame.clear()`` leaves the frames
+    still running, the block's own)."""
+    for error in exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,):
+        if isinstance(error, BaseExceptionGroup):
+            _clear_ended_frames(error)
+        else:
+            traceback.clear_frames(error.__traceback__)
+    traceback.clear_frames(exc.__traceback__)
 
 
 def _dropped(kernel: Kernel) -> LaunchDropped:
