@@ -15,17 +15,21 @@ long-lived state) are left as they were: no launch changed them, so their bytes 
 true (each buffer's id says which: handles are numbered in the order they are made,
 ``handle_watermark``). A read of a
 dropped result is where a warm-up pass of a handler ends, so the scope absorbs a
-``LaunchDropped`` that leaves its block. Tuners inside do not measure (nothing runs):
-for a key not tuned yet they run every candidate once, so every candidate's kernels
-compile; for a tuned key, the pick.
+``LaunchDropped`` that leaves its block, clearing the locals of the ended frames it passed
+through: the pass's buffers are dropped then, and collected with their taints before the
+scope ends (while a buffer carries a failure the one-call routes decline, so the first
+request after a warm-up takes the routes its hundredth takes). Tuners inside do not
+measure (nothing runs): for a key not tuned yet they run every candidate once, so every
+candidate's kernels compile; for a tuned key, the pick.
 
 ``async with client.tuning() as stats:`` runs the launches, and makes every tuner call
 of the task tune its key now (a background tuner waits for it too), so that later calls
 find the pick; it is the measuring scope (``RealRun``), and inside a warm-up it runs the
 launches again. A tuner's own measurements always run, whatever scope its caller is in.
 
-When a scope ends normally, everything it started is finished (each kernel compiled
-and loaded, each tuning run done and stored) and ``stats`` is final; kernels that
+When a scope ends normally, the actor has reached every launch it dropped (a launch
+queued behind other commands is counted then), everything it started is finished (each
+kernel compiled and loaded, each tuning run done and stored) and ``stats`` is final; kernels that
 failed are named in ``stats.failures`` and, unless ``raise_on_failure=False``, by a
 :class:`WarmUpError` raised there. No failure is held on a stream: a later launch of a
 kernel that failed compiles it again. When the block raises (or is cancelled), the
