@@ -28,8 +28,8 @@ def fresh() -> ac.Kernel:
 
 async def warm_up_compiles_and_issues_nothing() -> None:
     """The kernel is compiled and loaded by the scope's end, nothing is issued; the first
-    real launch compiles nothing, loads nothing and is issued at the call (its checks of
-    the signature and grid run once in Python); the next is the route's."""
+    real launch compiles nothing, loads nothing and is issued at the call by the one-call
+    route (the warm-up checked its signature and grid), as the next is."""
     s = await Setup().ready()
     kernel, out = fresh(), s.client.empty(4 * N)
     compiles = s.server._compiler.stats.compiles
@@ -44,12 +44,13 @@ async def warm_up_compiles_and_issues_nothing() -> None:
     assert s.stamp() == stamp  # nothing issued
     s.client.write([(out.copy_descriptor((N,), (1,), 4), bytes(4 * N))])  # clears it
     loads, stamp = list(s.server._loads), s.stamp()
+    hits, _ = s.stats
     s.client.execute(kernel, s.count, s.writing_to(out))  # the first real launch
     assert s.server._loads == loads  # no load queued: an export now is not refused
     assert s.stamp() != stamp  # issued at the call, behind no job
-    hits, _ = s.stats
+    assert s.stats[0] == hits + 1, s.stats  # the route's: the warm-up checked it
     s.client.execute(kernel, s.count, s.writing_to(out))
-    assert s.stats[0] == hits + 1, s.stats  # the next is the route's, in one call
+    assert s.stats[0] == hits + 2, s.stats
     assert s.server._compiler.stats.compiles == compiles + 1
     await s.client.sync()
     async with s.client.warm_up() as again:
@@ -91,8 +92,42 @@ async def warm_up_route_steps_aside() -> None:
     await s.client.close()
 
 
+async def warm_up_first_request_takes_the_routes() -> None:
+    """A service's handler (create, launch, read) warmed up once at start: the first
+    real request is taken whole by the one-call routes (write, launch, read), as the
+    hundredth is. The dropped result's buffer is gone with its ``LaunchDropped`` taint
+    when the scope ends (while a buffer carries a failure, every route declines), the
+    launch's signature and grid were checked by the warm-up (the route takes only
+    checked launches), and the read the pass ended on left a spare pinned buffer of its
+    size (the read route takes only reads with one; allocating it costs 100s of µs)."""
+    s = await Setup().ready()
+    kernel, body = fresh(), bytes(4 * N)
+
+    async def handler() -> bytes:
+        x = s.client.create(body)
+        s.client.execute(kernel, s.count, s.writing_to(x))
+        (out,) = await s.client.read([x])
+        return bytes(out)
+
+    async with s.client.warm_up() as stats:
+        await handler()  # the read raises LaunchDropped: the scope absorbs it
+    assert (stats.launches, stats.compiled, stats.failed) == (1, 1, 0), stats
+    assert not s.client._channel._held._tainted  # nothing carries a failure any more
+    fast = s.client._fast
+    (hits, declined), (writes, _) = s.stats, fast.write_stats
+    assert await handler() == bytes(4 * N)  # the fake driver copies nothing
+    assert s.stats == (hits + 3, declined), s.stats  # the allocation, launch and read
+    assert fast.write_stats[0] == writes + 1, fast.write_stats
+    await s.client.close()
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
-    f.__name__: f for f in (warm_up_compiles_and_issues_nothing, warm_up_route_steps_aside)
+    f.__name__: f
+    for f in (
+        warm_up_compiles_and_issues_nothing,
+        warm_up_route_steps_aside,
+        warm_up_first_request_takes_the_routes,
+    )
 }
 
 if __name__ == "__main__":

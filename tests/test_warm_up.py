@@ -211,6 +211,31 @@ async def test_a_kernel_that_fails_is_reported_and_poisons_nothing(
         client.warm_up(raise_on_failure=1)  # type: ignore[arg-type]
 
 
+async def test_a_launch_the_channel_queued_is_counted_before_the_scope_ends() -> None:
+    """A dropped launch is counted when the actor reaches it; one the channel queued (a
+    GPU server's create often queues; here the loop iteration's budget is spent) is
+    reached before the scope counts and raises (on a GPU its failure went unreported)."""
+    loop = current_backend("test").loop
+    client = ComputeClient(ac.HostServer(), loop, batch_seconds=1e-6)
+    broken = ac.Kernel("warm_queued", cuda=ac.CudaSource(TWICE_CUDA, "warm_twice"))
+    try:
+        with pytest.raises(ac.WarmUpError, match="warm_queued"):
+            await queued_launches(client, client.warm_up(), broken)
+        stats = await queued_launches(client, client.warm_up(raise_on_failure=False), broken)
+        assert set(stats.failures) == {"warm_queued"} and stats.launches == 2
+    finally:
+        await client.close()
+
+
+async def queued_launches(client: ac.ComputeClient, scope: Any, kernel: ac.Kernel) -> Any:
+    """Launch ``kernel`` twice in ``scope``, the launches queued for the actor."""
+    async with scope as stats:
+        for _ in range(2):
+            launch_twice(client, kernel, client.create(bytes(16)), 4)
+        assert client._channel._queue  # queued: the budget is spent
+    return stats
+
+
 # -- the scope belongs to its task --------------------------------------------------------
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..channel.channel import Channel
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, LaunchDropped
 from ..server.protocol import BindingResource, ComputeServer
 from ..values.stream_id import StreamId
 from ..values.types import Binding, CopyDescriptor, Handle
@@ -55,6 +55,10 @@ class DataMovement:
             server, "prepare_write", None
         )
         self._prepare_read: Callable[..., Job | None] | None = getattr(server, "prepare_read", None)
+        # Optional (:mod:`..server.preparation`): staging for the reads a warm-up drops.
+        self._warm_read: Callable[[list[CopyDescriptor]], None] | None = getattr(
+            server, "warm_up_read", None
+        )
         # Optional: a server-side snapshot of large data (CUDA: straight into pinned memory).
         self._server_snapshot: Callable[[Any], Any] | None = getattr(server, "snapshot", None)
         self._staging: dict[int, weakref.ref[npt.NDArray[np.uint8]]] = {}
@@ -174,6 +178,8 @@ class DataMovement:
         if channel._clears_at_call and channel._held._tainted:  # CUDA: checked when issued
             error = channel._held.check([d.binding.memory.id for d in descs])
             if error is not None:
+                if isinstance(error, LaunchDropped) and self._warm_read is not None:
+                    self._warm_read(descs)  # a warm-up pass's read: staging for its size
                 channel.refuse(fut, stream, error)
                 return None
         prepare = self._prepare_read if prepare is None else prepare

@@ -15,17 +15,21 @@ long-lived state) are left as they were: no launch changed them, so their bytes 
 true (each buffer's id says which: handles are numbered in the order they are made,
 ``handle_watermark``). A read of a
 dropped result is where a warm-up pass of a handler ends, so the scope absorbs a
-``LaunchDropped`` that leaves its block. Tuners inside do not measure (nothing runs):
-for a key not tuned yet they run every candidate once, so every candidate's kernels
-compile; for a tuned key, the pick.
+``LaunchDropped`` that leaves its block, clearing the locals of the ended frames it passed
+through: the pass's buffers are dropped then, and collected with their taints before the
+scope ends (while a buffer carries a failure the one-call routes decline, so the first
+request after a warm-up takes the routes its hundredth takes). Tuners inside do not
+measure (nothing runs): for a key not tuned yet they run every candidate once, so every
+candidate's kernels compile; for a tuned key, the pick.
 
 ``async with client.tuning() as stats:`` runs the launches, and makes every tuner call
 of the task tune its key now (a background tuner waits for it too), so that later calls
 find the pick; it is the measuring scope (``RealRun``), and inside a warm-up it runs the
 launches again. A tuner's own measurements always run, whatever scope its caller is in.
 
-When a scope ends normally, everything it started is finished (each kernel compiled
-and loaded, each tuning run done and stored) and ``stats`` is final; kernels that
+When a scope ends normally, the actor has reached every launch it dropped (a launch
+queued behind other commands is counted then), everything it started is finished (each
+kernel compiled and loaded, each tuning run done and stored) and ``stats`` is final; kernels that
 failed are named in ``stats.failures`` and, unless ``raise_on_failure=False``, by a
 :class:`WarmUpError` raised there. No failure is held on a stream: a later launch of a
 kernel that failed compiles it again. When the block raises (or is cancelled), the
@@ -42,12 +46,13 @@ launch is routed by the scope of the task that makes it.
 from __future__ import annotations
 
 import os
+import traceback
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..channel.channel import Channel
+from ..channel.channel import Channel, State
 from ..channel.held import detach_frames
 from ..errors import InvalidArgument, LaunchDropped, WarmUpError
 from ..server.preparation import CACHE_ORIGINS, KernelPrepared
@@ -162,6 +167,19 @@ class WarmUp:
             for thread in threads:
                 thread.close()
 
+    async def reached(self) -> None:
+        """Return once the actor has run every command sent so far, then collected the
+        buffers dropped so far (the server's ``end_batch``). A dropped launch is counted
+        (and its kernel's job started) when the actor reaches it, and one the channel
+        queued (behind another command, or past the loop iteration's budget: a GPU
+        server's creates often are) may not have been reached when its scope ends. The
+        collection forgets the :class:`LaunchDropped` taints of the scope's buffers that
+        are gone: while any buffer carries a failure, the servers' one-call routes
+        decline, and the first request after a warm-up would take the slow routes."""
+        channel = self._channel
+        if channel.state is State.OPEN:
+            await channel.request(_reached, channel)
+
     def watermark(self) -> int:
         """An id below that of every buffer made from now on (0: every buffer)."""
         return 0 if self._watermark is None else self._watermark()
@@ -271,6 +289,10 @@ class Scope:
         absorbed = exc is not None and _only_dropped(exc)
         if exc is not None and not absorbed:
             return False  # ends at once: the jobs started finish in their threads
+        if exc is not None:  # absorbed
+            _clear_ended_frames(exc)  # the pass's buffers go now, with their taints
+        if self.dropping:
+            await self._part.reached()
         await self._finish()
         if self.stats.failures and self._raise:
             raise _warm_up_error(self.stats.failures)
@@ -368,6 +390,28 @@ def leave_scopes() -> None:
     """Leave every scope in the calling task's context (a tuner's own measuring task:
     its launches run, whatever scope started it)."""
     _SCOPES.set(())
+
+
+def _reached(channel: Channel, fut: Any) -> None:
+    """The command :meth:`WarmUp.reached` awaits: it collects what was dropped (the
+    server's batch end) and resolves its future."""
+    channel.settled(fut)
+    channel.server.end_batch()
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _clear_ended_frames(exc: BaseException) -> None:
+    """Clear the locals of the frames an absorbed :class:`LaunchDropped` (or each one of
+    a group) passed through, which have ended: the handler's buffers are dropped now,
+    not when the error is freed after the scope (``frame.clear()`` leaves the frames
+    still running, the block's own)."""
+    for error in exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,):
+        if isinstance(error, BaseExceptionGroup):
+            _clear_ended_frames(error)
+        else:
+            traceback.clear_frames(error.__traceback__)
+    traceback.clear_frames(exc.__traceback__)
 
 
 def _dropped(kernel: Kernel) -> LaunchDropped:

@@ -112,29 +112,47 @@ class LaunchOps(ProfileOps):
         """A launch a warm-up scope drops (``client.warm_up()``; see
         :mod:`..server.preparation`): the kernel must have a CUDA part (else
         KernelNotSupported, at once); the job compiles it (NVRTC, through the cubin
-        caches) and loads its module, in a worker thread; None when it is loaded
-        already. Nothing is launched. Until the job ends, exports are refused as behind
-        a first launch's load (loading a module synchronizes the device)."""
+        caches) and loads its module, in a worker thread, then checks the launch's
+        signature (and, CHECKED, its grid) as a first launch does, so that the first real
+        launch of the same shape takes the one-call route (``cuda/fast.py``) and checks
+        nothing; None when it is loaded already (checked now). Nothing is launched.
+        Until the job ends, exports are refused as behind a first launch's load (loading
+        a module synchronizes the device)."""
         kernel.cuda_part(self.device)
-        if kernel.id in self._kernels:
+        pack = self._packer.get(bindings)[0]  # the actor's cache: not in the worker
+        grid = (count.x, count.y, count.z) if count.binding is None else None
+        checked = grid if mode is ExecutionMode.CHECKED else None
+        loaded = self._kernels.get(kernel.id)
+        if loaded is not None:
+            self._check_warm(kernel, loaded, pack, checked)
             return None
         self._loads[0] += 1
 
         def job() -> KernelPrepared:
             try:
-                return self._load_traced(kernel)
+                trace: list[tuple[str, bool]] = []
+                self._check_warm(kernel, self._load(kernel, trace), pack, checked)
+                origin, stored = trace[0]
+                return KernelPrepared(origin, stored)
             finally:
                 with self._loads_lock:
                     self._loads[1] += 1
 
         return job
 
-    def _load_traced(self, kernel: Kernel) -> KernelPrepared:
-        """:meth:`_load`, saying where the cubin came from (a worker thread)."""
-        trace: list[tuple[str, bool]] = []
-        self._load(kernel, trace)
-        origin, stored = trace[0] if trace else ("memory", False)
-        return KernelPrepared(origin, stored)
+    def _check_warm(
+        self,
+        kernel: Kernel,
+        loaded: LoadedKernel,
+        pack: ArgPack,
+        grid: tuple[int, int, int] | None,
+    ) -> None:
+        """A dropped launch's checks, as ``execute`` makes them once per signature and
+        grid (they raise as that launch would)."""
+        if pack not in loaded.checked:
+            _check_signature(kernel, loaded, pack)
+        if grid is not None and grid != loaded.grid_ok:
+            self._check_launch(kernel, loaded, grid)
 
     def _load(self, kernel: Kernel, trace: list[tuple[str, bool]] | None = None) -> LoadedKernel:
         self._ctx.make_current()

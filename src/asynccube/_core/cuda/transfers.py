@@ -6,6 +6,7 @@ off the loop (``prepare_write``/``prepare_read``), ``staging`` and ``get_resourc
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -242,6 +243,26 @@ class TransferOps(ProfileOps):
             raise error_from(err, "cuMemcpyDtoHAsync")
 
         return self._complete_read(stream, cu_stream, lambda: self.finish_small(buf, nbytes))
+
+    def warm_up_read(self, descriptors: list[CopyDescriptor]) -> None:
+        """A read a warm-up pass ended on (its buffer carries ``LaunchDropped``; see
+        :mod:`..server.preparation`): nothing is copied, but the page-locked staging a
+        read of that size takes is allocated now (``cuMemHostAlloc``, hundreds of µs),
+        kept as the spare of its size (which the one-call read route needs) or cached
+        by the pinned pool, so the first real read pays none of it. Small reads only
+        (``SMALL_READ``): a larger allocation would block the loop."""
+        sizes = [math.prod(d.shape) * d.elem_size for d in descriptors]
+        total = sum(sizes)
+        if self.closed or not 0 < total <= SMALL_READ:  # a larger take would block the loop
+            return
+        if len(sizes) > 1:
+            self._pinned.take(total).release()  # back in the pool, cached for its size class
+            return
+        kept = self._small_reads.get(total)  # the one-call read route's spare
+        if kept is None and len(self._small_reads) < 32:
+            kept = self._small_reads[total] = []
+        if kept is not None and not kept:
+            kept.append(self._pinned.take(total))
 
     def finish_small(self, buf: PinnedBuffer, nbytes: int) -> list[Any]:
         """The bytes of a finished small read; its buffer kept as a spare (up to 4 per

@@ -7,6 +7,13 @@ runs (raising as that launch would), and returns the blocking job that compiles 
 loads the kernel, to be run in a worker thread, or None when there is nothing to do
 (the kernel is loaded already, or the server needs no compile: the host server). The
 job returns a :class:`KernelPrepared`. A server without the hook prepares nothing.
+The checks a first launch makes once per signature and grid (the CUDA server's) are made
+there too, so the first real launch after a warm-up takes the one-call route.
+
+A server may also offer ``warm_up_read(descriptors)``, called on the actor for a read a
+warm-up pass ends on (its buffer carries ``LaunchDropped``: nothing is read): it
+allocates the staging a read of that size takes (the CUDA server's page-locked spare for
+a small read), so the first real read does not.
 """
 
 from __future__ import annotations
