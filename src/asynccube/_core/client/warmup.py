@@ -60,8 +60,9 @@ from ..server.protocol import ComputeServer
 from ..values.bindings import Bindings, CubeCount
 from ..values.kernel import Kernel
 from ..values.stream_id import StreamId
-from ..values.types import Binding, ExecutionMode
+from ..values.types import ExecutionMode
 from .jobs import JobThread
+from .launch import written_by
 
 __all__ = ["Scope", "WarmUp", "WarmUpStats", "current_scope", "leave_scopes"]
 
@@ -328,7 +329,7 @@ class Scope:
             elif prep is not None and first:
                 self._preps.append(prep)
         made = self._first  # buffers made before the scope are left as they were
-        written = [b for b in _written(bindings) if b.memory.id >= made]
+        written = [b for b in written_by(bindings) if b.memory.id >= made]
         if written:
             self._part._channel.taint(stream, written, _dropped(kernel))
 
@@ -440,10 +441,3 @@ def _warm_up_error(failures: dict[str, BaseException]) -> WarmUpError:
     )
     error.__cause__ = next(iter(failures.values()))
     return error
-
-
-def _written(bindings: Bindings) -> list[Binding]:
-    """The bindings a launch may write: its buffers and its tensor maps' buffers."""
-    if not bindings.tensor_maps:
-        return list(bindings.buffers)
-    return [*bindings.buffers, *(t.binding for t in bindings.tensor_maps)]
