@@ -4,7 +4,6 @@ lazy coalescing of released slices with their free neighbours (see :mod:`.pools`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Final
 
 from .pages import FREE, PoolBase, Slice, SliceBuckets
@@ -21,24 +20,23 @@ class ChainedPool(PoolBase):
     coalesced lazily: a release only puts the slice back in its bucket and remembers it;
     :meth:`coalesce` merges the remembered slices with their free neighbours.
 
-    Subclasses set :attr:`dirty_tails` when the tail a split leaves may have a free
-    neighbour after it that no pass would otherwise see.
+    Subclasses call :meth:`_start_chain` from their constructor, and set
+    :attr:`dirty_tails` when the tail a split leaves may have a free neighbour after it
+    that no pass would otherwise see.
     """
 
     dirty_tails = False
     """Remember the free tail of each split for the next coalescing pass."""
 
-    def __init__(
-        self,
-        max_alloc_size: int,
-        alignment: int,
-        registry: dict[int, Slice] | None = None,
-        ids: Iterator[int] | None = None,
-    ) -> None:
-        super().__init__(max_alloc_size, alignment, registry, ids)
+    _buckets: SliceBuckets
+    _free: dict[int, list[Slice]]
+    _dirty: list[Slice]
+
+    def _start_chain(self) -> None:
+        """No free slice yet, none released."""
         self._buckets = SliceBuckets()
         self._free = self._buckets.free
-        self._dirty: list[Slice] = []
+        self._dirty = []
 
     def release(self, sl: Slice) -> None:
         """Take back a slice whose last handle is gone (merged with its free neighbours

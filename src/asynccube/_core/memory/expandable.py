@@ -164,6 +164,7 @@ class ExpandablePool(ChainedPool):
                 f"fit an alignment of {alignment}"
             )
         super().__init__(min(max_alloc_size, backend.handle.size), alignment, registry, ids)
+        self._start_chain()
         self.backend = backend
         self.granularity = gran
         self.state = bytearray(backend.handle.size // gran)

@@ -34,6 +34,7 @@ class SlicedPool(ChainedPool):
         ids: Iterator[int] | None = None,
     ) -> None:
         super().__init__(max_slice_size, alignment, registry, ids)
+        self._start_chain()
         self._page = self.extent(page_size)
         self.page_size = self._page
 
