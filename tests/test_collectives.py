@@ -204,13 +204,22 @@ def _calls(c0: ac.ComputeClient, c1: ac.ComputeClient, hs: list[ac.Handle]) -> d
     }
 
 
+def _tainted(
+    c0: ac.ComputeClient, c1: ac.ComputeClient, name: str
+) -> tuple[list[ac.Handle], ac.Handle]:
+    """The buffers of :func:`_calls` (ones), and the one on ``c1`` that the collective
+    ``name`` reads, tainted by a failing kernel."""
+    hs = [c0.create(np.ones(4, np.float32)), c1.create(np.ones(4, np.float32))]
+    hs += [c0.create(np.ones(8, np.float32)), c1.create(np.ones(8, np.float32))]
+    bad = hs[1] if name == "broadcast" else hs[3 if name == "reduce_scatter" else 1]
+    c1.execute(FAIL, ac.CubeCount(1), ac.Bindings().with_buffer(bad.binding()))
+    return hs, bad
+
+
 @pytest.mark.parametrize("name", ["broadcast", "all_gather", "reduce_scatter"])
 async def test_a_failure_is_held_for_each_client_when_not_awaited(name: str) -> None:
     async with clients("host", "host") as (c0, c1):
-        hs = [c0.create(np.ones(4, np.float32)), c1.create(np.ones(4, np.float32))]
-        hs += [c0.create(np.ones(8, np.float32)), c1.create(np.ones(8, np.float32))]
-        bad = hs[1] if name == "broadcast" else hs[3 if name == "reduce_scatter" else 1]
-        c1.execute(FAIL, ac.CubeCount(1), ac.Bindings().with_buffer(bad.binding()))
+        hs, bad = _tainted(c0, c1, name)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)
             _calls(c0, c1, hs)[name]()  # never awaited
@@ -227,10 +236,7 @@ async def test_a_failure_is_held_for_each_client_when_not_awaited(name: str) -> 
 @pytest.mark.parametrize("name", ["broadcast", "all_gather", "reduce_scatter"])
 async def test_an_awaited_failure_raises_once_naming_every_client(name: str) -> None:
     async with clients("host", "host") as (c0, c1):
-        hs = [c0.create(np.ones(4, np.float32)), c1.create(np.ones(4, np.float32))]
-        hs += [c0.create(np.ones(8, np.float32)), c1.create(np.ones(8, np.float32))]
-        bad = hs[1] if name == "broadcast" else hs[3 if name == "reduce_scatter" else 1]
-        c1.execute(FAIL, ac.CubeCount(1), ac.Bindings().with_buffer(bad.binding()))
+        hs, _ = _tainted(c0, c1, name)
         with pytest.raises(ac.CollectiveError) as raised:
             await _calls(c0, c1, hs)[name]()
         assert any("another client" in n for n in getattr(raised.value, "__notes__", []))

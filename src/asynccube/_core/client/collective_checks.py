@@ -13,6 +13,7 @@ from typing import Any, Final
 import numpy as np
 
 from ..errors import InvalidArgument, InvalidHandle
+from ..values.bindings import NUMERIC_DTYPES
 from ..values.types import Binding, Handle
 from .client import ComputeClient
 
@@ -27,19 +28,7 @@ __all__ = [
     "one_size",
 ]
 
-DTYPES: Final = (
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-)
+DTYPES: Final = NUMERIC_DTYPES
 """The element types ``all_reduce`` and ``reduce_scatter`` take (numpy names)."""
 
 

@@ -83,9 +83,10 @@ def staged_run(plan: Staged) -> None:
     computed: asyncio.Future[Any] = first.loop.create_future()
     first._channel.track(computed)  # fails at once if the first client dies before it
     first._channel.send(_compute_when_read, first, reads, computed, plan)
-    n = len(plan.writes)
     for i, (client, binding) in enumerate(plan.writes):
-        client._channel.send(_write_when_computed, client, binding, computed, i, stream, n, plan)
+        client._channel.send(
+            _write_when_computed, _Write(client, binding, computed, i, stream, plan)
+        )
 
 
 def _read(client: ComputeClient, binding: Binding, nbytes: int) -> asyncio.Future[Any]:
@@ -166,55 +167,53 @@ def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
         fut.exception()  # retrieved: each write looks at it
 
 
-def _write_when_computed(
-    client: ComputeClient,
-    binding: Binding | None,
-    computed: asyncio.Future[Any],
-    index: int,
-    stream: StreamId,
-    n: int,
-    plan: Staged,
-) -> Any:
-    if computed.done():
-        return _write(client, binding, computed, index, stream, n, plan)
-    return _write_later(client, binding, computed, index, stream, n, plan)
+class _Write:
+    """One client's write of a staged collective: item ``index`` of the computation's
+    result (``computed``) into ``binding`` (``None``: nothing to write; the client only
+    holds a failure), on the caller's ``stream``."""
+
+    __slots__ = ("binding", "client", "computed", "index", "plan", "stream")
+
+    def __init__(
+        self,
+        client: ComputeClient,
+        binding: Binding | None,
+        computed: asyncio.Future[Any],
+        index: int,
+        stream: StreamId,
+        plan: Staged,
+    ) -> None:
+        self.client, self.binding, self.computed = client, binding, computed
+        self.index, self.stream, self.plan = index, stream, plan
 
 
-async def _write_later(
-    client: ComputeClient,
-    binding: Binding | None,
-    computed: asyncio.Future[Any],
-    index: int,
-    stream: StreamId,
-    n: int,
-    plan: Staged,
-) -> None:
-    await client._channel.backend.wait(computed)  # tracked by the first client's channel
+def _write_when_computed(w: _Write) -> Any:
+    if w.computed.done():
+        return _write(w)
+    return _write_later(w)
+
+
+async def _write_later(w: _Write) -> None:
+    client = w.client
+    await client._channel.backend.wait(w.computed)  # tracked by the first client's channel
     client._channel.activate()
-    pending = _write(client, binding, computed, index, stream, n, plan)
+    pending = _write(w)
     if pending is not None:
         await pending
 
 
-def _write(
-    client: ComputeClient,
-    binding: Binding | None,
-    computed: asyncio.Future[Any],
-    index: int,
-    stream: StreamId,
-    n: int,
-    plan: Staged,
-) -> Any:
-    exc = computed.exception()
+def _write(w: _Write) -> Any:
+    client, plan = w.client, w.plan
+    exc = w.computed.exception()
     if exc is not None:
-        client._channel.hold(stream, failed(exc, client, n, what=plan.what))
+        client._channel.hold(w.stream, failed(exc, client, len(plan.writes), what=plan.what))
         return None
-    value: npt.NDArray[Any] | None = computed.result()[index]
-    if binding is None or value is None:
+    value: npt.NDArray[Any] | None = w.computed.result()[w.index]
+    if w.binding is None or value is None:
         return None
     data = np.ascontiguousarray(value).view(np.uint8)
-    desc = CopyDescriptor(binding, (data.nbytes,), (1,), 1)
-    return client._movement.write_on_actor(stream, [(desc, data)])
+    desc = CopyDescriptor(w.binding, (data.nbytes,), (1,), 1)
+    return client._movement.write_on_actor(w.stream, [(desc, data)])
 
 
 def failed(

@@ -13,6 +13,7 @@ from typing import Any, Final
 import numpy as np
 
 from ..errors import InvalidArgument
+from ..values.bindings import NUMERIC_DTYPES
 
 __all__ = [
     "SUPPORTED",
@@ -28,23 +29,7 @@ __all__ = [
 Ty = np.dtype[Any] | type
 """A value's type: a dtype, or ``int``/``float`` for a weak Python scalar."""
 
-SUPPORTED: Final[tuple[np.dtype[Any], ...]] = tuple(
-    np.dtype(t)
-    for t in (
-        "bool",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint8",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-    )
-)
+SUPPORTED: Final[tuple[np.dtype[Any], ...]] = tuple(np.dtype(t) for t in ("bool", *NUMERIC_DTYPES))
 """Every dtype an array, a scalar or a result of a kernel written once may have."""
 
 _VALUE: Final = {

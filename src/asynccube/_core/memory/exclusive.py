@@ -86,11 +86,7 @@ class ExclusivePool(PoolBase):
     def release(self, sl: Slice) -> None:
         """Take back a page whose last handle is gone."""
         sl.used = FREE
-        bucket = self._free.get(sl.size)
-        if bucket is None:
-            self._buckets.add(sl)
-        else:
-            bucket.append(sl)
+        self._buckets.add(sl)
         self._lru[sl.page] = None
 
     def alloc(self, storage: ComputeStorage[object], size: int) -> Slice:

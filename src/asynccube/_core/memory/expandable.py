@@ -52,7 +52,8 @@ from collections.abc import Iterator
 from typing import Final, NamedTuple, Protocol, runtime_checkable
 
 from ..values.types import MemoryUsage
-from .pages import FREE, Page, PoolBase, Slice, SliceBuckets
+from .chain import ChainedPool
+from .pages import FREE, Page, Slice
 from .storage import ComputeStorage, DryChunks, StorageHandle, StorageOutOfMemory
 
 __all__ = [
@@ -76,8 +77,6 @@ RELEASING: Final = 2
 _FIT_SCAN: Final = 8
 """Free slices :meth:`ExpandablePool.try_reserve` looks at before it leaves the request
 to the slow path (a slice whose chunks are not all mapped is skipped)."""
-_MAX_DIRTY: Final = 4096
-"""Releases remembered for coalescing before a pass is forced (bounds the list)."""
 
 
 class MapFailed(Exception):
@@ -138,7 +137,7 @@ class _Plan(NamedTuple):
     cost: int  # chunks to map
 
 
-class ExpandablePool(PoolBase):
+class ExpandablePool(ChainedPool):
     """One reserved range of addresses carved into slices; chunks mapped on demand.
 
     Args:
@@ -148,6 +147,7 @@ class ExpandablePool(PoolBase):
     """
 
     kind = "expandable"
+    dirty_tails = True  # a free neighbour after a split's tail merges on the next pass
 
     def __init__(
         self,
@@ -164,14 +164,12 @@ class ExpandablePool(PoolBase):
                 f"fit an alignment of {alignment}"
             )
         super().__init__(min(max_alloc_size, backend.handle.size), alignment, registry, ids)
+        self._start_chain()
         self.backend = backend
         self.granularity = gran
         self.state = bytearray(backend.handle.size // gran)
         self.mapped_chunks = 0
         self.releasing_chunks = 0
-        self._buckets = SliceBuckets()
-        self._free = self._buckets.free
-        self._dirty: list[Slice] = []
         self._plan: _Plan | None = None
         self._idle_tail: int | None = None  # the tail's first free chunk at the last tick
         self.range_page = Page(backend.handle)
@@ -275,17 +273,6 @@ class ExpandablePool(PoolBase):
             i += 1
         return None
 
-    def release(self, sl: Slice) -> None:
-        """Take back a slice whose last handle is gone (merged with free neighbours
-        on the next slow path)."""
-        sl.used = FREE
-        bucket = self._free.get(sl.size)
-        if bucket is None:
-            self._buckets.add(sl)
-        else:
-            bucket.append(sl)
-        self._dirty.append(sl)
-
     # -- growing ------------------------------------------------------------------------
 
     def page_size_for(self, size: int) -> int:
@@ -365,46 +352,6 @@ class ExpandablePool(PoolBase):
             return False
         return self._clear_offset(sl, self.extent(plan.size)) == plan.offset
 
-    def _split(self, sl: Slice, size: int, ext: int) -> Slice:
-        rest = sl.size - ext
-        if rest:
-            tail = self._new_slice(sl.page, sl.offset + ext, rest, FREE)
-            tail.prev, tail.next = sl, sl.next
-            if sl.next is not None:
-                sl.next.prev = tail
-            sl.next = tail
-            sl.size = ext
-            self._buckets.add(tail)
-            self._dirty.append(tail)  # a free neighbour after it merges on the next pass
-        sl.used = size
-        return sl
-
-    def coalesce(self) -> None:
-        """Merge every slice released since the last pass with its free neighbours."""
-        dirty, self._dirty = self._dirty, []
-        for sl in dirty:
-            if sl.used == FREE:
-                self._merge_run(sl)
-
-    def _merge_run(self, sl: Slice) -> None:
-        start = sl
-        while start.prev is not None and start.prev.used == FREE:
-            start = start.prev
-        end = start.next
-        if end is None or end.used != FREE:
-            return
-        buckets = self._buckets
-        buckets.remove(start)
-        while end is not None and end.used == FREE:
-            buckets.remove(end)
-            start.size += end.size
-            self._kill(end)
-            end = end.next
-        start.next = end
-        if end is not None:
-            end.prev = start
-        buckets.add(start)
-
     # -- giving back ------------------------------------------------------------------
 
     def free_runs(self) -> list[tuple[int, int]]:
@@ -468,8 +415,7 @@ class ExpandablePool(PoolBase):
     def tick(self, storage: ComputeStorage[object], alloc_count: int) -> None:
         """Periodic upkeep: coalesce once many releases are pending; release the free
         chunks at the tail that were free at the previous tick too."""
-        if len(self._dirty) > _MAX_DIRTY:
-            self.coalesce()
+        super().tick(storage, alloc_count)
         self.cleanup(storage, alloc_count, False)
 
     def cleanup(self, storage: ComputeStorage[object], alloc_count: int, explicit: bool) -> None:

@@ -28,16 +28,17 @@ Free-slice lookups are dictionary hits on the aligned size, falling back to a bi
 over the sorted sizes present, so the reserve path allocates no big structure.
 
 Where the code is: :mod:`.pages` (pages, slices, free-slice buckets, reports, the pools'
-base class), :mod:`.sliced` (the sliced pool), :mod:`.exclusive` (the exclusive and
-persistent pools); this module gathers them.
+base class), :mod:`.chain` (what the sliced and expandable pools share: splitting and
+lazy coalescing), :mod:`.sliced` (the sliced pool), :mod:`.expandable` (the expandable
+pool), :mod:`.exclusive` (the exclusive and persistent pools); this module gathers them.
 """
 
 from __future__ import annotations
 
+from .chain import _MAX_DIRTY as _MAX_DIRTY
 from .exclusive import DirectPool, ExclusivePool, PersistentPool
 from .expandable import ExpandablePool
 from .pages import DEAD, FREE, Page, PoolReport, Slice
-from .sliced import _MAX_DIRTY as _MAX_DIRTY
 from .sliced import SlicedPool
 
 __all__ = [

@@ -4,18 +4,15 @@ lazily (see :mod:`.pools`)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Final
 
-from .pages import FREE, NO_LIMIT, Page, PoolBase, Slice, SliceBuckets
+from .chain import ChainedPool
+from .pages import FREE, NO_LIMIT, Page, Slice
 from .storage import ComputeStorage
 
 __all__ = ["SlicedPool"]
 
-_MAX_DIRTY: Final = 4096
-"""Releases remembered for coalescing before a pass is forced (bounds the list)."""
 
-
-class SlicedPool(PoolBase):
+class SlicedPool(ChainedPool):
     """Pages of ``page_size`` bytes carved into slices of at most ``max_slice_size``.
 
     Args:
@@ -37,11 +34,9 @@ class SlicedPool(PoolBase):
         ids: Iterator[int] | None = None,
     ) -> None:
         super().__init__(max_slice_size, alignment, registry, ids)
+        self._start_chain()
         self._page = self.extent(page_size)
         self.page_size = self._page
-        self._buckets = SliceBuckets()
-        self._free = self._buckets.free
-        self._dirty: list[Slice] = []
 
     def try_reserve(self, size: int) -> Slice | None:
         """A free slice for ``size`` bytes, or ``None`` if the pool must grow."""
@@ -52,16 +47,6 @@ class SlicedPool(PoolBase):
             sl.used = size
             return sl
         return self._fit(size, ext)
-
-    def release(self, sl: Slice) -> None:
-        """Take back a slice whose last handle is gone."""
-        sl.used = FREE
-        bucket = self._free.get(sl.size)
-        if bucket is None:
-            self._buckets.add(sl)
-        else:
-            bucket.append(sl)
-        self._dirty.append(sl)
 
     def page_size_for(self, size: int) -> int:
         """The page allocated when a request of ``size`` bytes finds no fit."""
@@ -108,58 +93,9 @@ class SlicedPool(PoolBase):
             sl = self._buckets.best_fit(ext, NO_LIMIT)
         return None if sl is None else self._split(sl, size, ext)
 
-    def _split(self, sl: Slice, size: int, ext: int) -> Slice:
-        rest = sl.size - ext
-        if rest:
-            tail = self._new_slice(sl.page, sl.offset + ext, rest, FREE)
-            tail.prev, tail.next = sl, sl.next
-            if sl.next is not None:
-                sl.next.prev = tail
-            sl.next = tail
-            sl.size = ext
-            self._buckets.add(tail)
-        sl.used = size
-        return sl
-
-    def coalesce(self) -> None:
-        """Merge every slice released since the last pass with its free neighbours."""
-        dirty, self._dirty = self._dirty, []
-        for sl in dirty:
-            if sl.used == FREE:
-                self._merge_run(sl)
-
-    def _merge_run(self, sl: Slice) -> None:
-        start = sl
-        while start.prev is not None and start.prev.used == FREE:
-            start = start.prev
-        end = start.next
-        if end is None or end.used != FREE:
-            return
-        buckets = self._buckets
-        buckets.remove(start)
-        while end is not None and end.used == FREE:
-            buckets.remove(end)
-            start.size += end.size
-            self._kill(end)
-            end = end.next
-        start.next = end
-        if end is not None:
-            end.prev = start
-        buckets.add(start)
-
-    def tick(self, storage: ComputeStorage[object], alloc_count: int) -> None:
-        """Periodic upkeep: coalesce once many releases are pending."""
-        if len(self._dirty) > _MAX_DIRTY:
-            self.coalesce()
-
     def cleanup(self, storage: ComputeStorage[object], alloc_count: int, explicit: bool) -> None:
         """On an explicit cleanup, coalesce and give back every page with no live slice."""
         if not explicit:
             return
         for page in self.empty_pages():
             self.drop_empty_page(storage, page)
-
-    def release_all(self, storage: ComputeStorage[object]) -> None:
-        super().release_all(storage)
-        self._buckets.clear()
-        self._dirty.clear()

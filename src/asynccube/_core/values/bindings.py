@@ -24,6 +24,7 @@ __all__ = [
     "CubeCount",
     "Im2colFormat",
     "MetadataBinding",
+    "NUMERIC_DTYPES",
     "OobFill",
     "SCALAR_DTYPES",
     "ScalarBinding",
@@ -36,6 +37,22 @@ __all__ = [
     "scalar_dtype",
 ]
 
+
+NUMERIC_DTYPES: Final = (
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
+"""The numeric element types (numpy names, narrowest first within each kind): what the
+collectives reduce, and with ``bool`` what a kernel written once takes."""
 
 SCALAR_DTYPES: Final[tuple[np.dtype[np.generic], ...]] = tuple(
     np.dtype(t)
