@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -39,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if importlib.util.find_spec("asynccube") is None:  # run from a checkout: its src/
+    sys.path.insert(0, str(ROOT / "src"))  # (never when imported with asynccube installed:
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests' subprocesses inherit it)
 
 from _common import environment, table, write  # noqa: E402
 
