@@ -235,22 +235,26 @@ class Channel(Settling):
         if footprint is None:
             self.send(op, stream, *args)
             return
-        if self._exclusive is None:
-            if self._wakeup is not None and not self._queue and self._inline_budget():
-                self._run_inline(op, (stream, *args))
-                return
-            queued = len(self._queue)
-            if (
-                queued
-                and not self._blocked
-                and self.guard is None
-                and self._inline_budget()
-                and footprint.clear_of(queued, stream.value, mids)
-            ):
-                self._run_inline(op, (stream, *args))
-                return
+        if self._exclusive is not None:  # the block may hold it; else as below, in send
+            self.send(Tracked(footprint, stream.value, mids, op), stream, *args)
+            return
+        if self._wakeup is not None and not self._queue and self._inline_budget():
+            self._run_inline(op, (stream, *args))
+            return
+        queued = len(self._queue)
+        if (
+            queued
+            and not self._blocked
+            and self.guard is None
+            and self._inline_budget()
+            and footprint.clear_of(queued, stream.value, mids)
+        ):
+            self._run_inline(op, (stream, *args))
+            return
         tracked = Tracked(footprint, stream.value, mids, op)
-        self.send(tracked, stream, *args)  # queued (counted in), or an exclusive block's
+        tracked.enqueue()  # queued, counted in (send would check all of the above again)
+        self._queue.append((tracked, (stream, *args)))
+        self._wake()
 
     def request_tracked(
         self, op: Op, mids: list[int], stream: Any, *args: Any

@@ -186,20 +186,21 @@ class ComputeClient(ClientCoordination, ClientSurface):
         if fast is not None and type(data) is bytes:
             # FastLaunch.empty (a pool hit) and .write (the staging copy and its command):
             # two calls, each declining before any change (the route then acts)
-            handle: Handle | None = fast.empty(len(data))
+            nbytes = len(data)
+            handle: Handle | None = fast.empty(nbytes)
             if handle is not None:
                 if fast.write(handle, data):
                     return handle
-                return self._write_created(handle, data, len(data))
+                return self._write_created(handle, data, nbytes)
             self._channel.check()
             raw: Any = data  # bytes: taken by reference
         else:
             self._channel.check()
             raw = self._movement.snapshot(data)
-            handle = fast.empty(memoryview(raw).nbytes) if fast is not None else None
+            nbytes = memoryview(raw).nbytes
+            handle = fast.empty(nbytes) if fast is not None else None
             if handle is not None:
-                return self._write_created(handle, raw, memoryview(raw).nbytes)
-        nbytes = memoryview(raw).nbytes
+                return self._write_created(handle, raw, nbytes)
         stream = StreamId.current()
         handle = self._memory.mint(nbytes, stream)
         create = self._movement.create_with_data
