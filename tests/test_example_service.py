@@ -5,16 +5,12 @@ with good ones, a stalled half body, and clients that disconnect mid-request."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -27,21 +23,9 @@ import asynccube as ac
 aiohttp = pytest.importorskip("aiohttp")
 from aiohttp import web  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "gpu_service.py"
-OCTETS = {"Content-Type": "application/octet-stream"}
+from .service_helpers import OCTETS, chunks, load_example, values, y  # noqa: E402
 
-
-def _example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_service", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_service"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gs = _example()
+gs = load_example("gpu_service")
 
 
 @asynccontextmanager
@@ -76,20 +60,6 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Any
         assert answers == [(200, y(x))] * 16
         service.counts = gs.Counts()
         yield url, service
-
-
-def values(seed: int, n: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
-
-
-def y(x: np.ndarray) -> bytes:
-    return (x * np.float32(2) + np.float32(1)).tobytes()
-
-
-async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
-    """A body sent chunked (no Content-Length)."""
-    for part in parts:
-        yield part
 
 
 async def post(session: Any, url: str, data: Any, headers: dict[str, str]) -> tuple[int, bytes]:

@@ -7,7 +7,6 @@ two worker processes, one client each, stopped by SIGTERM."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import signal
@@ -18,8 +17,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -32,22 +29,9 @@ import asynccube as ac
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-EXAMPLE = EXAMPLES / "fastapi_service.py"
-OCTETS = {"Content-Type": "application/octet-stream"}
+from .service_helpers import EXAMPLES, OCTETS, chunks, load_example, values, y  # noqa: E402
 
-
-def _example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fastapi_service", EXAMPLE)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fastapi_service"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fs = _example()
+fs = load_example("fastapi_service")
 FRAMEWORKS = {"fastapi": fs.create_app, "starlette": fs.create_starlette_app}
 
 
@@ -68,20 +52,6 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Any, Any
             service = app.state.service
             service.counts = fs.Counts()
             yield http, service
-
-
-def values(seed: int, n: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
-
-
-def y(x: np.ndarray) -> bytes:
-    return (x * np.float32(2) + np.float32(1)).tobytes()
-
-
-async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
-    """A body sent chunked (no Content-Length)."""
-    for part in parts:
-        yield part
 
 
 async def post(http: Any, data: Any, headers: dict[str, str]) -> tuple[int, bytes]:
