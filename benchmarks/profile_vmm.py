@@ -79,7 +79,7 @@ def raw_calls(ordinal: int, repeat: int) -> list[str]:
     span = 2 * int(total)
     span = -(-span // g) * g
     first_reserve = None
-    for k in range(repeat):
+    for _ in range(repeat):
         us, base = _timed(d.cuMemAddressReserve, span, g, 0, 0)
         base = int(_ok(base))
         if first_reserve is None:
@@ -135,6 +135,68 @@ def raw_calls(ordinal: int, repeat: int) -> list[str]:
     ]
     lines += [_row(k, v) for k, v in rows.items()]
     return lines
+
+
+def busy_device(ordinal: int, repeat: int = 5) -> list[str]:
+    """Does a VMM call wait for device work? Each call timed while a ~50 ms kernel
+    (``torch.cuda._sleep``) runs on another stream, on memory the kernel does not use."""
+    try:
+        import torch
+    except ImportError:
+        return ["(torch missing: the busy-device measurement did not run)"]
+    from cuda.bindings import driver as d
+
+    torch.cuda.set_device(ordinal)
+    torch.cuda._sleep(1000)  # loads the kernel
+    torch.cuda.synchronize()
+    cycles = int(50e-3 * torch.cuda.get_device_properties(ordinal).clock_rate * 1e3)
+    prop = d.CUmemAllocationProp()
+    prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = ordinal
+    g = int(
+        _ok(
+            d.cuMemGetAllocationGranularity(
+                prop, d.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+            )
+        )
+    )
+    desc = d.CUmemAccessDesc()
+    desc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = ordinal
+    desc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    rows: dict[str, list[float]] = {}
+    for _ in range(repeat):
+        base = int(_ok(d.cuMemAddressReserve(4 * g, g, 0, 0)))
+        t0 = time.perf_counter_ns()
+        torch.cuda._sleep(cycles)
+        launched = (time.perf_counter_ns() - t0) / 1e3
+        rows.setdefault("the kernel's launch (returns at once)", []).append(launched)
+        us, h = _timed(d.cuMemCreate, g, prop, 0)
+        rows.setdefault("cuMemCreate, device busy", []).append(us)
+        h = _ok(h)
+        us, _ = _timed(d.cuMemMap, base, g, 0, h, 0)
+        rows.setdefault("cuMemMap, device busy", []).append(us)
+        us, _ = _timed(d.cuMemSetAccess, base, g, [desc], 1)
+        rows.setdefault("cuMemSetAccess, device busy", []).append(us)
+        us, _ = _timed(d.cuMemUnmap, base, g)
+        rows.setdefault("cuMemUnmap, device busy", []).append(us)
+        us, _ = _timed(d.cuMemRelease, h)
+        rows.setdefault("cuMemRelease, device busy", []).append(us)
+        t0 = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        rows.setdefault("then the kernel's rest (synchronize)", []).append(
+            (time.perf_counter_ns() - t0) / 1e3
+        )
+        d.cuMemAddressFree(base, 4 * g)
+    lines = [
+        "",
+        "## The same calls while a 50 ms kernel runs on another stream",
+        "",
+        "| call | best µs | median µs | worst µs | n |",
+        "|---|---|---|---|---|",
+    ]
+    return lines + [_row(k, v) for k, v in rows.items()]
 
 
 async def client_steps(device: str) -> tuple[list[str], str]:
@@ -198,6 +260,7 @@ def main() -> None:
     name = _ok(d.cuDeviceGetName(64, _ok(d.cuDeviceGet(ordinal)))).split(b"\0")[0].decode()
     out = [f"# VMM calls and an expandable client's first steps on {name}", ""]
     out += raw_calls(ordinal, args.repeat)
+    out += busy_device(ordinal)
     steps, profile = asyncio.run(client_steps(args.device))
     out += ["", "## An expandable client's first steps (wall time on the loop)", ""]
     out += steps

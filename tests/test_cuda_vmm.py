@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 import types
 from typing import Any
 
@@ -29,9 +28,8 @@ class FakeVmm:
         self.free = free
         self.calls: list[tuple[str, Any]] = []
         self.mapped: dict[int, int] = {}
-        self.live: set[int] = set()
+        self.live: dict[int, int] = {}  # handle -> bytes
         self.fail: dict[str, int] = {}  # call -> CUresult, once
-        self.unmap_delay = 0.0
         self.threads: set[str] = set()
         self._ids = itertools.count(1)
         self.CUmemAllocationProp = self.CUmemAccessDesc = _struct
@@ -67,15 +65,17 @@ class FakeVmm:
             return err or 2, 0
         self.free -= size
         handle = next(self._ids)
-        self.live.add(handle)
+        self.live[handle] = size
+        self.calls.append(("create", size // G))
         return 0, handle
 
     def cuMemMap(self, ptr: int, size: int, offset: int, handle: int, flags: int) -> tuple[int]:
         err = self._failing("cuMemMap")
         if err:
             return (err,)
-        assert ptr not in self.mapped
-        self.mapped[ptr] = handle
+        chunks = range(ptr, ptr + size, G)
+        assert not any(c in self.mapped for c in chunks)
+        self.mapped.update(dict.fromkeys(chunks, handle))  # chunk address -> handle
         return (0,)
 
     def cuMemSetAccess(self, ptr: int, size: int, desc: Any, count: int) -> tuple[int]:
@@ -84,13 +84,18 @@ class FakeVmm:
 
     def cuMemUnmap(self, ptr: int, size: int) -> tuple[int]:
         self.threads.add(threading.current_thread().name)
-        time.sleep(self.unmap_delay)
-        del self.mapped[ptr]
+        err = self._failing("cuMemUnmap")
+        if err:
+            return (err,)
+        handle = self.mapped[ptr]
+        assert [self.mapped.get(c) for c in range(ptr, ptr + size, G)] == [handle] * (size // G)
+        assert size == self.live[handle]  # a whole mapping, never a part of one
+        for c in range(ptr, ptr + size, G):
+            del self.mapped[c]
         return (0,)
 
     def cuMemRelease(self, handle: int) -> tuple[int]:
-        self.live.discard(handle)
-        self.free += G
+        self.free += self.live.pop(handle)
         return (0,)
 
     def cuMemAddressFree(self, ptr: int, size: int) -> tuple[int]:
@@ -117,11 +122,6 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeVmm:
     return vmm
 
 
-def settle(rng: VirtualRange) -> list[tuple[int, int]]:
-    rng._jobs.join()
-    return rng.unmapped()
-
-
 def test_a_range_is_reserved_in_whole_chunks_and_mapped_run_by_run(fake: FakeVmm) -> None:
     rng = VirtualRange(0, 5 * G + 1, storage_id=3)
     assert rng.handle.size == 6 * G and rng.base == BASE and rng.granularity == G
@@ -130,14 +130,35 @@ def test_a_range_is_reserved_in_whole_chunks_and_mapped_run_by_run(fake: FakeVmm
     assert ("access", 1, 3) in fake.calls  # one cuMemSetAccess for the run
 
 
-def test_unmapping_runs_on_the_ranges_thread_and_is_reported(fake: FakeVmm) -> None:
+def test_unmapping_runs_at_once_on_the_callers_thread_and_is_reported(fake: FakeVmm) -> None:
     rng = VirtualRange(0, 4 * G, storage_id=1)
     rng.map(0, 4)
-    rng.unmap(1, 2)
-    assert settle(rng) == [(1, 2)]
-    assert sorted(fake.mapped) == [BASE, BASE + 3 * G]
-    assert fake.threads == {"asynccube-vmm-release"}
-    assert len(fake.live) == 2
+    rng.unmap(1, 2)  # done when it returns: the chunks are free addresses again
+    assert sorted(fake.mapped) == [BASE, BASE + 3 * G] and len(fake.live) == 2
+    assert fake.threads == {threading.current_thread().name}
+    assert rng.unmapped() == [(1, 1), (2, 1)] and rng.unmapped() == []  # per allocation
+    rng.map(1, 1)  # mapped again at once
+    assert sorted(fake.mapped) == [BASE, BASE + G, BASE + 3 * G]
+
+
+def test_a_long_run_is_mapped_in_allocations_of_an_eighth_of_it(fake: FakeVmm) -> None:
+    rng = VirtualRange(0, 64 * G, storage_id=1)
+    rng.map(0, 32)  # 64 MiB: 8 allocations of 4 chunks, not 32 of one
+    assert [c for c in fake.calls if c[0] == "create"] == [("create", 4)] * 8
+    assert [c for c in fake.calls if c[0] == "access"] == [("access", 0, 32)]
+    rng.map(32, 6)  # a short run: a chunk apiece (each can be given back alone)
+    assert [c for c in fake.calls if c[0] == "create"][8:] == [("create", 1)] * 6
+
+
+def test_only_whole_allocations_are_given_back(fake: FakeVmm) -> None:
+    rng = VirtualRange(0, 64 * G, storage_id=1)
+    rng.map(0, 32)
+    kept = rng.unmap(2, 9)  # chunks 2..10: the allocation 4..7 is inside it, 0..3 and
+    assert kept == [(2, 2), (8, 3)]  # 8..11 reach past it and stay mapped
+    assert rng.unmapped() == [(4, 4)]
+    assert BASE + 2 * G in fake.mapped and BASE + 4 * G not in fake.mapped
+    assert len(fake.live) == 7
+    assert rng.unmap(0, 12) == [] and rng.unmapped() == [(0, 4), (8, 4)]  # 4..7: skipped
 
 
 def test_out_of_memory_midway_says_how_many_chunks_were_mapped(fake: FakeVmm) -> None:
@@ -159,15 +180,27 @@ def test_no_room_is_refused_without_a_failing_call(fake: FakeVmm) -> None:
     assert not fake.live
 
 
-def test_a_full_device_waits_for_the_releases_in_flight(fake: FakeVmm) -> None:
+def test_released_chunks_make_room_for_the_next_map_at_once(fake: FakeVmm) -> None:
     rng = VirtualRange(0, 8 * G, storage_id=1)
     fake.free = 4 * G
     rng.map(0, 4)
-    fake.unmap_delay = 0.02
-    rng.unmap(0, 4)  # in flight on the range's thread
-    rng.map(4, 3)  # no room until they are done: it waits for them
+    rng.unmap(0, 4)
+    rng.map(4, 3)  # the device's memory came back with the unmap: no wait, no refusal
     assert len(fake.live) == 3 and sorted(fake.mapped) == [BASE + k * G for k in (4, 5, 6)]
-    assert rng.unmapped() == [(0, 4)]
+    assert rng.unmapped() == [(0, 1), (1, 1), (2, 1), (3, 1)]
+
+
+def test_a_failing_release_is_logged_and_the_range_goes_on(
+    fake: FakeVmm, caplog: pytest.LogCaptureFixture
+) -> None:
+    rng = VirtualRange(0, 8 * G, storage_id=1)
+    rng.map(0, 2)
+    fake.fail["cuMemUnmap"] = 1
+    with caplog.at_level("WARNING", logger="asynccube.memory"):
+        rng.unmap(0, 1)
+    assert "could not release chunk 0" in caplog.text
+    rng.unmap(1, 1)  # the failure was once
+    assert rng.unmapped() == [(0, 1), (1, 1)] and BASE + G not in fake.mapped
 
 
 def test_a_refused_map_releases_its_allocation(fake: FakeVmm) -> None:

@@ -3,42 +3,41 @@
 :class:`VirtualRange` is the :class:`~..memory.expandable.ChunkBackend` of
 :class:`~.storage.CudaStorage`: one range of device addresses reserved once
 (``cuMemAddressReserve``), whose chunks of the allocation granularity
-(``cuMemGetAllocationGranularity``, 2 MiB on current GPUs) are each backed by a physical
-allocation of their own (``cuMemCreate`` + ``cuMemMap``) and made accessible to the
-device (one ``cuMemSetAccess`` per run). PyTorch's ``expandable_segments`` maps its
-pages the same way, one handle per page, so that any page can be given back alone.
+(``cuMemGetAllocationGranularity``, 2 MiB on current GPUs) are backed by physical
+allocations (``cuMemCreate`` + ``cuMemMap``) and made accessible to the device (one
+``cuMemSetAccess`` per run). A run mapped in one call takes allocations of an eighth of
+it (one chunk for runs up to 16 chunks, at most 16: ``memory.storage.ChunkAllocations``,
+the bookkeeping :class:`~..memory.storage.DryChunks` shares): each call costs about the
+same whatever its size, and an allocation is given back only whole. PyTorch's
+``expandable_segments`` maps pages of 2 MiB (small pool) and 20 MiB (large) likewise.
 
 Which thread
-    Mapping runs where the pool grows, on the loop's thread, as a page allocation of the
-    other pools does (``cuMemAllocFromPoolAsync`` there): physical memory is taken, no
-    device work is waited for. Unmapping (``cuMemUnmap``, ``cuMemRelease``) can
-    synchronise with the device, so it never runs there: :meth:`VirtualRange.unmap`
-    hands the chunks to a thread of the range's own, which reports them done
-    (:meth:`VirtualRange.unmapped`); the pool places nothing on them meanwhile. Freeing
-    the range (every chunk, then ``cuMemAddressFree``) is queued there too;
-    :meth:`VirtualRange.wait` waits for it (the storage's close, off the loop).
-
-The one wait
-    When the device has no room for the chunks asked for while released chunks are
-    still being unmapped, :meth:`VirtualRange.map` waits for those unmaps, then looks
-    again: the out-of-memory path, where the manager has just released what it could
-    (as PyTorch synchronises before freeing its cached blocks when memory runs out).
+    Mapping and unmapping both run where the pool grows and gives back, on the loop's
+    thread, as a page allocation of the other pools does (``cuMemAllocFromPoolAsync``
+    there). Neither waits for device work: the memory manager hands chunks back only
+    once no stream can still use them, and ``cuMemUnmap`` of memory no work uses returns
+    in about 25 µs (``benchmarks/profile_vmm.py`` measures every call, and the unmap
+    while a kernel keeps the device busy). Doing it there keeps what the range maps
+    exactly what the pool counts: released chunks are at once free addresses to map
+    again (handed to a thread, as a first version did, they lagged behind the growth
+    under churn: a range reached 2.4 times its peak in use on an H200). Freeing the
+    range (every chunk, then ``cuMemAddressFree``) runs on a thread of its own at
+    close; :meth:`VirtualRange.wait` waits for it (the storage's close, off the loop).
 
 Errors: a failing call becomes a :class:`~asynccube.CudaDriverError` (``check``), an
-exhausted device a ``StorageOutOfMemory`` (the manager's cleanup-and-retry); a failure
-on the unmapping thread is logged, never raised.
+exhausted device a ``StorageOutOfMemory`` (the manager's cleanup-and-retry); a failing
+release is logged, never raised (the pool goes on; the chunk's memory stays with the
+driver until the range is freed).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
-from collections import deque
 from typing import Any, Final
 
 from ..memory.expandable import MapFailed
-from ..memory.storage import StorageHandle, StorageOutOfMemory
+from ..memory.storage import ChunkAllocations, StorageHandle, StorageOutOfMemory
 from .driver import check, cu, error_from
 
 __all__ = ["VirtualRange", "vmm_supported"]
@@ -104,30 +103,28 @@ class VirtualRange:
         self.handle = StorageHandle(storage_id, 0, size)
         self._access = [_access(ordinal)]
         self._context = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        self._handles: dict[int, Any] = {}  # chunk -> its physical allocation
-        self._jobs: queue.Queue[tuple[int, list[tuple[int, Any]], bool] | None] = queue.Queue()
-        self._done: deque[tuple[int, int]] = deque()
+        self._allocations = ChunkAllocations()
+        self._handles: dict[int, Any] = {}  # first chunk of an allocation -> its handle
+        self._done: list[tuple[int, int]] = []
         self._thread: threading.Thread | None = None
         self.closed = False
 
     def __repr__(self) -> str:
         return (
             f"VirtualRange(base={self.base:#x}, size={self.handle.size}, "
-            f"chunk={self.granularity}, mapped={len(self._handles)})"
+            f"chunk={self.granularity}, allocations={len(self._handles)})"
         )
 
     # -- mapping (the loop's thread) ----------------------------------------------------
 
     def map(self, first: int, count: int) -> None:
-        """Back chunks ``[first, first + count)``, each with an allocation of its own,
-        accessible read-write from the device.
+        """Back chunks ``[first, first + count)`` with physical allocations, accessible
+        read-write from the device.
 
         Raises:
             MapFailed: how many chunks were mapped, and why the next one was not.
         """
         need = count * self.granularity
-        if not self._fits(need) and self._jobs.unfinished_tasks:
-            self._jobs.join()  # released chunks still being unmapped: the OOM path
         if not self._fits(need):
             raise MapFailed(0, _out_of_memory(need, "cuMemCreate"))
         mapped, cause = self._create_and_map(first, count)
@@ -137,26 +134,28 @@ class VirtualRange:
             raise MapFailed(mapped, cause)
 
     def _create_and_map(self, first: int, count: int) -> tuple[int, BaseException | None]:
+        """Map the run allocation by allocation; how many chunks were mapped, and why
+        the next allocation was not."""
         d, g = cu(), self.granularity
-        for k, i in enumerate(range(first, first + count)):
-            err, handle = d.cuMemCreate(g, self._prop, 0)
+        for start, size in self._allocations.split(first, count):
+            err, handle = d.cuMemCreate(size * g, self._prop, 0)
             if err:
-                return k, _out_of_memory(g, "cuMemCreate", err)
-            (err,) = d.cuMemMap(self.base + i * g, g, 0, handle, 0)
+                return start - first, _out_of_memory(size * g, "cuMemCreate", err)
+            (err,) = d.cuMemMap(self.base + start * g, size * g, 0, handle, 0)
             if err:
                 d.cuMemRelease(handle)
-                return k, error_from(err, "cuMemMap")
-            self._handles[i] = handle
+                return start - first, error_from(err, "cuMemMap")
+            self._handles[start] = handle
+            self._allocations.add(start, size)
         return count, None
 
     def _grant(self, first: int, count: int) -> None:
         """Make the chunks just mapped accessible; if the driver refuses, unmap them
-        (waiting for that: nothing can use them yet) and raise."""
+        (nothing can use them yet) and raise."""
         g = self.granularity
         (err,) = cu().cuMemSetAccess(self.base + first * g, count * g, self._access, 1)
         if err:
-            self.unmap(first, count)  # reported done later: the pool ignores it
-            self._jobs.join()
+            self.unmap(first, count)  # reported done: the pool ignores it (never mapped)
             raise MapFailed(0, error_from(err, "cuMemSetAccess"))
 
     def _fits(self, size: int) -> bool:
@@ -165,69 +164,58 @@ class VirtualRange:
         err, free, _ = cu().cuMemGetInfo()
         return bool(err) or size <= int(free)
 
-    # -- unmapping (a thread of the range's own) ----------------------------------------
+    # -- unmapping (the loop's thread; the range's own at close) ----------------------
 
-    def unmap(self, first: int, count: int) -> None:
-        """Queue chunks ``[first, first + count)`` to be unmapped and released."""
-        chunks = [(i, self._handles.pop(i)) for i in range(first, first + count)]
-        self._submit((first, chunks, False))
+    def unmap(self, first: int, count: int) -> list[tuple[int, int]]:
+        """Unmap and release the allocations inside chunks ``[first, first + count)``
+        now (no stream may still use them) and report them done (:meth:`unmapped`);
+        the runs kept mapped (their allocation reaches past the run)."""
+        released, kept = self._allocations.release_plan(first, count)
+        self._release([(start, self._forget(start)) for start, _ in released])
+        self._done.extend(released)
+        return kept
+
+    def _forget(self, start: int) -> tuple[int, Any]:
+        """The allocation at chunk ``start``, dropped from the books: its chunk count
+        and handle."""
+        return self._allocations.remove(start), self._handles.pop(start)
 
     def unmapped(self) -> list[tuple[int, int]]:
         """The runs whose unmapping finished since the last call."""
-        done = []
-        while self._done:
-            done.append(self._done.popleft())
+        done, self._done = self._done, []
         return done
 
     def close(self) -> None:
-        """Queue every chunk's release and the range's (returns at once; see
-        :meth:`wait`)."""
+        """Queue every chunk's release and the range's to the range's thread (returns at
+        once; see :meth:`wait`)."""
         if self.closed:
             return
         self.closed = True
-        chunks = sorted(self._handles.items())
-        self._handles.clear()
-        self._submit((0, chunks, True))
-        self._jobs.put(None)
+        chunks = [(start, self._forget(start)) for start in sorted(self._handles)]
+        self._thread = threading.Thread(
+            target=self._run, args=(chunks,), name="asynccube-vmm-release", daemon=True
+        )
+        self._thread.start()
 
     def wait(self, timeout: float | None = None) -> None:
-        """Wait until every queued release is done (off the loop: the close thread)."""
+        """Wait until the range is freed (off the loop: the close thread)."""
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _submit(self, job: tuple[int, list[tuple[int, Any]], bool]) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name="asynccube-vmm-release", daemon=True
-            )
-            self._thread.start()
-        self._jobs.put(job)
+    def _run(self, chunks: list[tuple[int, tuple[int, Any]]]) -> None:
+        cu().cuCtxSetCurrent(self._context)
+        self._release(chunks)
+        self._free_range()
 
-    def _run(self) -> None:
-        d = cu()
-        d.cuCtxSetCurrent(self._context)
-        while True:
-            job = self._jobs.get()
-            try:
-                if job is None:
-                    return
-                first, chunks, free_range = job
-                self._release(chunks)
-                if free_range:
-                    self._free_range()
-                elif chunks:
-                    self._done.append((first, len(chunks)))
-            finally:
-                self._jobs.task_done()
-
-    def _release(self, chunks: list[tuple[int, Any]]) -> None:
+    def _release(self, allocations: list[tuple[int, tuple[int, Any]]]) -> None:
+        """Unmap and release each ``(first chunk, (chunks, handle))``."""
         d, g = cu(), self.granularity
-        for i, handle in chunks:
+        for start, (size, handle) in allocations:
             try:
-                check(d.cuMemUnmap(self.base + i * g, g), "cuMemUnmap")
+                check(d.cuMemUnmap(self.base + start * g, size * g), "cuMemUnmap")
                 check(d.cuMemRelease(handle), "cuMemRelease")
-            except Exception as exc:  # a thread's failure is logged, never raised
-                log.warning("could not release chunk %d of %r: %s", i, self, exc)
+            except Exception as exc:  # logged, never raised (the pool goes on)
+                log.warning("could not release chunk %d of %r: %s", start, self, exc)
 
     def _free_range(self) -> None:
         try:

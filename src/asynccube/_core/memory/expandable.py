@@ -108,9 +108,11 @@ class ChunkBackend(Protocol):
         (its cause a :class:`~.storage.StorageOutOfMemory` when memory ran out)."""
         ...
 
-    def unmap(self, first: int, count: int) -> None:
+    def unmap(self, first: int, count: int) -> list[tuple[int, int]]:
         """Give back the physical memory of chunks ``[first, first + count)`` (no
-        device work may still use them); may finish later (see :meth:`unmapped`)."""
+        device work may still use them); may finish later (see :meth:`unmapped`).
+        Returns the ``(first, count)`` runs it keeps mapped: chunks whose physical
+        allocation reaches past the run (it is given back only whole)."""
         ...
 
     def unmapped(self) -> list[tuple[int, int]]:
@@ -223,11 +225,15 @@ class ExpandablePool(ChainedPool):
         self._account()
 
     def _unmap(self, first: int, count: int) -> None:
-        """Hand mapped chunks ``[first, first + count)`` to the backend to release."""
+        """Hand mapped chunks ``[first, first + count)`` to the backend to release (the
+        runs it keeps, their allocation reaching past them, stay mapped and free)."""
         self.state[first : first + count] = bytes([RELEASING]) * count
         self.mapped_chunks -= count
         self.releasing_chunks += count
-        self.backend.unmap(first, count)
+        for a, n in self.backend.unmap(first, count):
+            self.state[a : a + n] = bytes([MAPPED]) * n
+            self.mapped_chunks += n
+            self.releasing_chunks -= n
         self.collect()
 
     def _all_mapped(self, offset: int, size: int) -> bool:
@@ -390,12 +396,12 @@ class ExpandablePool(ChainedPool):
             self._unmap(first, count)
 
     def release_free(self) -> int:
-        """Release every free chunk; the bytes given back."""
-        total = 0
+        """Release every free chunk (but those an allocation reaching a live slice
+        keeps); the bytes given back."""
+        before = self.mapped_chunks
         for first, count in self.free_runs():
             self._unmap(first, count)
-            total += count * self.granularity
-        return total
+        return (before - self.mapped_chunks) * self.granularity
 
     def tail_start(self) -> int:
         """The first chunk past the last live slice (every chunk from there is free)."""

@@ -30,7 +30,10 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "MAX_RUN_CHUNKS",
+    "RUN_SHARE",
     "BytesStorage",
+    "ChunkAllocations",
     "ComputeStorage",
     "DryChunks",
     "DryStorage",
@@ -207,34 +210,123 @@ class BytesStorage:
         return iter(list(self._pages))
 
 
+MAX_RUN_CHUNKS: Final = 16
+"""The most chunks one physical allocation of an expandable range backs (32 MiB of
+2 MiB chunks)."""
+
+RUN_SHARE: Final = 8
+"""A run of ``n`` chunks mapped in one call is backed by allocations of ``n // 8``
+chunks (at least 1, at most :data:`MAX_RUN_CHUNKS`). On an H200 a mapping costs ~50 µs
+whatever its size (``cuMemCreate`` + ``cuMemMap`` + ``cuMemSetAccess``) and an
+unmapping ~45 µs (``benchmarks/profile_vmm.py``): a chunk apiece made a 64 MiB growth
+32 of each, 1.5 ms on the loop; in allocations of 4 chunks it is 8. An allocation is
+given back only whole, so larger ones keep free chunks mapped beside live ones: on the
+churn of ``benchmarks/bench_memory_churn.py`` (256 KiB to 32 MiB), a share of 8 keeps
+peak reserved at 1.06 of peak in use (4: 1.14; a fixed 16 chunks: 1.23), and on a churn
+of 1 to 256 MiB it cuts the driver's calls 3.4 times for 1.05 (a chunk apiece: 1.02)."""
+
+
+class ChunkAllocations:
+    """Which physical allocation backs each mapped chunk of a range (the bookkeeping of
+    :class:`DryChunks` and CUDA's ``VirtualRange``, which map and unmap alike).
+
+    A run mapped in one call is split into allocations of an eighth of it, at most
+    ``max_run`` chunks (:meth:`split`, :data:`RUN_SHARE`); an allocation is released
+    only whole, so unmapping a run releases the allocations inside it and keeps the
+    chunks of those reaching past it (:meth:`release_plan`)."""
+
+    def __init__(self, max_run: int = MAX_RUN_CHUNKS) -> None:
+        if max_run < 1:
+            raise ValueError(f"an allocation backs at least one chunk, not {max_run}")
+        self.max_run = max_run
+        self.runs: dict[int, int] = {}  # first chunk of an allocation -> its chunks
+        self._start: dict[int, int] = {}  # chunk -> the first chunk of its allocation
+
+    def split(self, first: int, count: int) -> list[tuple[int, int]]:
+        """The allocations a run of ``count`` chunks from ``first`` is mapped with."""
+        step = max(1, min(self.max_run, count // RUN_SHARE))
+        return [(a, min(step, first + count - a)) for a in range(first, first + count, step)]
+
+    def add(self, first: int, count: int) -> None:
+        """Record an allocation backing chunks ``[first, first + count)``."""
+        self.runs[first] = count
+        for i in range(first, first + count):
+            self._start[i] = first
+
+    def remove(self, first: int) -> int:
+        """Forget the allocation starting at chunk ``first``; its chunk count."""
+        count = self.runs.pop(first)
+        for i in range(first, first + count):
+            del self._start[i]
+        return count
+
+    def release_plan(
+        self, first: int, count: int
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """``(released, kept)`` for unmapping chunks ``[first, first + count)``: the
+        allocations wholly inside it, and the runs of its chunks whose allocation
+        reaches past it (they stay mapped); chunks not mapped are skipped."""
+        end = first + count
+        released: list[tuple[int, int]] = []
+        kept: list[tuple[int, int]] = []
+        i = first
+        while i < end:
+            start = self._start.get(i)
+            if start is None:  # not mapped: nothing to give back
+                i += 1
+                continue
+            size = self.runs[start]
+            stop = min(start + size, end)
+            if start >= first and start + size <= end:
+                released.append((start, size))
+            elif kept and kept[-1][0] + kept[-1][1] == i:
+                kept[-1] = (kept[-1][0], kept[-1][1] + stop - i)
+            else:
+                kept.append((i, stop - i))
+            i = stop
+        return released, kept
+
+
 class DryChunks:
     """A ``ChunkBackend`` (:mod:`.expandable`) that maps nothing: chunks are only
-    counted (a dry run's, the tests', the host side of the churn benchmark). Unmapping
+    counted (a dry run's, the tests', the host side of the churn benchmark), in
+    allocations as CUDA's range makes them (:class:`ChunkAllocations`). Unmapping
     finishes at once.
 
     Args:
         handle: The range (its storage id and size).
         granularity: The chunk size it stands for (2 MiB: the CUDA devices' minimum).
+        max_run: The most chunks one allocation backs.
     """
 
-    def __init__(self, handle: StorageHandle, granularity: int = 2 << 20) -> None:
+    def __init__(
+        self, handle: StorageHandle, granularity: int = 2 << 20, max_run: int = MAX_RUN_CHUNKS
+    ) -> None:
         self.handle = handle
         self.granularity = granularity
+        self.allocations = ChunkAllocations(max_run)
         self.mapped = 0
         self.maps = 0
         self.unmaps = 0
         self._done: deque[tuple[int, int]] = deque()
 
     def map(self, first: int, count: int) -> None:
-        """Count ``count`` chunks as mapped."""
+        """Count ``count`` chunks as mapped, in allocations as :meth:`ChunkAllocations.split`
+        makes them."""
+        for start, size in self.allocations.split(first, count):
+            self.allocations.add(start, size)
+            self.maps += 1
         self.mapped += count
-        self.maps += 1
 
-    def unmap(self, first: int, count: int) -> None:
-        """Count ``count`` chunks as unmapped (done at once)."""
-        self.mapped -= count
-        self.unmaps += 1
-        self._done.append((first, count))
+    def unmap(self, first: int, count: int) -> list[tuple[int, int]]:
+        """Count the allocations inside ``[first, first + count)`` as unmapped (done at
+        once); the runs kept mapped (their allocation reaches past it)."""
+        released, kept = self.allocations.release_plan(first, count)
+        for start, size in released:
+            self.mapped -= self.allocations.remove(start)
+            self.unmaps += 1
+            self._done.append((start, size))
+        return kept
 
     def unmapped(self) -> list[tuple[int, int]]:
         """The runs unmapped since the last call."""
