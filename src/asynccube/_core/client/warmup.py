@@ -29,7 +29,11 @@ launches again. A tuner's own measurements always run, whatever scope its caller
 
 When a scope ends normally, the actor has reached every launch it dropped (a launch
 queued behind other commands is counted then), everything it started is finished (each
-kernel compiled and loaded, each tuning run done and stored) and ``stats`` is final; kernels that
+kernel compiled and loaded, each tuning run done and stored) and ``stats`` is final;
+a warm-up scope then waits, without blocking the loop, for the device to pass the work
+queued so far, and collects what that frees (:meth:`WarmUp.settle`: a pass's write
+staging and dropped slices, held until then, are where the first request finds them,
+as the hundredth does). Kernels that
 failed are named in ``stats.failures`` and, unless ``raise_on_failure=False``, by a
 :class:`WarmUpError` raised there. No failure is held on a stream: a later launch of a
 kernel that failed compiles it again. When the block raises (or is cancelled), the
