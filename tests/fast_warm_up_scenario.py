@@ -21,6 +21,7 @@ from typing import Any
 
 import asynccube as ac
 from asynccube._core.cuda import driver
+from asynccube._core.cuda.native.hotpath import hot
 from fast_launch_scenario import ADD, N, Setup, bench_overhead, bench_overhead_lib, main
 
 
@@ -185,6 +186,9 @@ async def warm_up_first_requests_cost_what_the_hundredth_does() -> None:
             await handler()  # the read raises LaunchDropped: the scope absorbs it
     finally:
         pending.value = 0  # (passed by now on a GPU, whatever the scope did)
+    # the compiled path's spinning thread may still destroy the event it watched for the
+    # scope (its own thread's call, not a request's): let it finish first
+    assert hot.notify_drain(5.0)
     calls, requests = DriverCalls(), []
     staging = s.server._write_spare_bytes
     try:
