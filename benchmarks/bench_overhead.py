@@ -13,7 +13,11 @@ call returns success at once:
 
 A launch with a grid of 777 blocks fails with ``CUDA_ERROR_INVALID_VALUE``, and every
 device-to-host copy fails with the library's ``fake_fail_dtoh`` while it is not 0 (the
-tests of ``tests/test_fast_launch.py`` use both). NVRTC is real (kernels are compiled as
+tests of ``tests/test_fast_launch.py`` use both). While the library's ``fake_pending`` is
+not 0 the device is slower than the host: event and stream queries answer
+``CUDA_ERROR_NOT_READY`` until a host function runs (the device reached it, so it passed
+everything before) or an event is waited for (``cuEventSynchronize``). Each entry point
+of the library counts its calls (:func:`c_calls`). NVRTC is real (kernels are compiled as
 usual). What is left is asynccube's own work per
 command: the figures are what the GPU figures would be with a free driver. Run::
 
@@ -30,6 +34,7 @@ import ctypes
 import itertools
 import os
 import pstats
+import re
 import subprocess
 import sys
 import tempfile
@@ -45,23 +50,38 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     unsigned by, unsigned bz, unsigned smem, void *s, void **params, void **extra)
     { return gx == 777u ? 1 : 0; } /* a grid of 777 fails: CUDA_ERROR_INVALID_VALUE */
 int cuEventRecord(void *e, void *s) { return 0; }
-int cuEventQuery(void *e) { return 0; }
+int fake_pending = 0; /* not 0: the device has not passed what was queued */
+int cuEventQuery(void *e) { return fake_pending ? 600 : 0; } /* CUDA_ERROR_NOT_READY */
 int cuStreamWaitEvent(void *s, void *e, unsigned flags) { return 0; }
 int fake_fail_htod = 0; /* set to a CUresult: every host-to-device copy fails with it */
 int cuMemcpyHtoDAsync_v2(u64 d, const void *h, unsigned long n, void *s) { return fake_fail_htod; }
 int fake_fail_dtoh = 0; /* set to a CUresult: every device-to-host copy fails with it */
 int cuMemcpyDtoHAsync_v2(void *h, u64 d, unsigned long n, void *s) { return fake_fail_dtoh; }
-int cuLaunchHostFunc(void *s, void (*fn)(void *), void *data) { fn(data); return 0; }
+int cuLaunchHostFunc(void *s, void (*fn)(void *), void *data)
+    { fake_pending = 0; fn(data); return 0; } /* reached: everything before it passed */
 int cuEventCreate(void **e, unsigned flags) { static char ev; *e = &ev; return 0; }
 int cuEventDestroy_v2(void *e) { return 0; }
 int cuCtxGetCurrent(void **c) { *c = (void *)1; return 0; } /* DeviceContext(0, 1, 1) */
 int cuCtxSetCurrent(void *c) { return 0; }
-int cuStreamQuery(void *s) { return 0; }
+int cuStreamQuery(void *s) { return fake_pending ? 600 : 0; }
 int cuPointerGetAttributes(unsigned n, int *attrs, void **data, u64 ptr) {
     for (unsigned i = 0; i < n; ++i) *(unsigned *)data[i] = 0; /* not pinned */
     return 0;
 }
 """
+
+
+FAKE_NAMES: tuple[str, ...] = tuple(re.findall(r"^int (cu\w+)\(", FAKE_LIBCUDA, re.M))
+"""The library's entry points, in the order of its call counters (``fake_calls``)."""
+
+
+def _counted(source: str) -> str:
+    """``source`` with a call counter at the top of each entry point's body."""
+    out = f"long fake_calls[{len(FAKE_NAMES)}];\n" + source
+    for i, name in enumerate(FAKE_NAMES):
+        head = re.compile(r"(^int " + name + r"\([^{]*\{)", re.M | re.S)
+        out = head.sub(lambda m, i=i: f"{m.group(1)} fake_calls[{i}]++;", out, count=1)
+    return out
 
 
 def _fake_libcuda() -> ctypes.CDLL:
@@ -70,7 +90,7 @@ def _fake_libcuda() -> ctypes.CDLL:
     (the mapping stays): a run leaves nothing in the temp dir."""
     with tempfile.TemporaryDirectory(prefix="asynccube-fakecuda-") as folder:
         tmp = Path(folder)
-        (tmp / "fake.c").write_text(FAKE_LIBCUDA)
+        (tmp / "fake.c").write_text(_counted(FAKE_LIBCUDA))
         lib = tmp / "libcuda.so.1"
         cmd = ["cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib)]
         subprocess.run([*cmd, str(tmp / "fake.c")], check=True)
@@ -129,6 +149,19 @@ class FakeDriver:
     def cuLaunchKernel(self, fn: Any, gx: int, *args: Any) -> tuple[int]:
         return (1 if gx == 777 else 0,)  # as the C fake: a grid of 777 fails
 
+    def cuEventQuery(self, event: Any) -> tuple[int]:
+        return (600 if self._pending() else 0,)  # as the C fake
+
+    def cuStreamQuery(self, stream: Any) -> tuple[int]:
+        return (600 if self._pending() else 0,)  # as the C fake
+
+    def cuEventSynchronize(self, event: Any) -> tuple[int]:
+        ctypes.c_int.in_dll(self._lib, "fake_pending").value = 0  # waited: passed
+        return (0,)
+
+    def _pending(self) -> int:
+        return ctypes.c_int.in_dll(self._lib, "fake_pending").value
+
     def cuCtxGetCurrent(self) -> tuple[int, int]:
         return 0, 1  # DeviceContext(0, 1, 1)'s context, as the C fake says
 
@@ -162,6 +195,16 @@ class FakeDriver:
 
     def cuPointerGetAttributes(self, n: int, attrs: Any, ptr: int) -> tuple[int, list[int]]:
         return 0, [-1]  # not pinned
+
+
+def c_calls(lib: ctypes.CDLL, reset: bool = False) -> dict[str, int]:
+    """The calls made so far to each entry point of the fake ``libcuda.so.1`` ``lib``
+    (those called at least once); ``reset``: count from 0 again."""
+    counts = (ctypes.c_long * len(FAKE_NAMES)).in_dll(lib, "fake_calls")
+    out = {name: int(counts[i]) for i, name in enumerate(FAKE_NAMES) if counts[i]}
+    if reset:
+        ctypes.memset(counts, 0, ctypes.sizeof(counts))
+    return out
 
 
 def install_fake() -> None:

@@ -25,6 +25,7 @@ bench_overhead.install_fake()
 import asynccube as ac  # noqa: E402
 from asynccube._core.client.client import ComputeClient  # noqa: E402
 from asynccube._core.cuda.native.hotpath import ACTIVE  # noqa: E402
+from asynccube._core.cuda.transfers import SMALL_WRITE  # noqa: E402
 from asynccube._core.profiling.records import KernelRecorder, ProfilingLevel  # noqa: E402
 
 ADD = ac.Kernel("fl_add", cuda=ac.CudaSource(bench_overhead.ADD, "add", (256, 1, 1)))
@@ -490,29 +491,43 @@ async def profiling() -> None:
 async def write_one() -> None:
     """A dense write of a whole buffer's range (``create``'s) is queued in one step
     (``_write_one``) with the general path's bookkeeping: the stream's cursor and the
-    buffer's stamp move, the staging buffer is held until the device passes the copy.
+    buffer's stamp move; a small write of ``bytes`` is staged in one of the one-call
+    write's spares, kept with the copy's stamp (reused once the stream passed it), a
+    larger one in a pinned buffer the retirer holds until the device passes the copy.
     Any other write (strided, past the buffer's end, the wrong length) is left to the
     general path, which raises what it raises."""
     s = await Setup().ready()
     c, server = s.client, s.server
-    h = c.empty(4 * N)
+    big, h = c.empty(SMALL_WRITE + 4), c.empty(4 * N)
     await c.sync()
     taken: list[bool] = []
     one = server._write_one
     server._write_one = lambda *a: taken.append(one(*a)) or taken[-1]  # type: ignore[method-assign]
-    _, cursor = server._streams.last_use[h.memory.id]
+    sid, cursor = server._streams.last_use[h.memory.id]
     c.write([(h.copy_descriptor((4 * N,), (1,), 1), bytes(4 * N))])
     stream = server._streams.streams.get(ac.StreamId.current()).stream
     assert taken == [True] and server._streams.last_use[h.memory.id][1] == cursor + 1
-    assert int(stream) in server._retirer._parked, "the staging buffer is held"
+    spares = server._small_writes[4 * N]
+    assert [stamp for _, stamp in spares] == [(sid, cursor + 1)], "kept with its stamp"
+    assert int(stream) not in server._retirer._parked
     c.write([(h.copy_descriptor((2 * N,), (1,), 2), bytes(4 * N))])  # 2-byte elements
     assert taken == [True, True] and server._streams.last_use[h.memory.id][1] == cursor + 2
-    sid = ac.StreamId.current()
+    assert len(spares) == 2, "the first spare's copy is not passed yet: a second one"
+    await c.sync()  # the stream passed both copies
+    first = spares[0][0]
+    c.write([(h.copy_descriptor((4 * N,), (1,), 1), bytes(4 * N))])
+    assert len(spares) == 2 and spares[-1][0] is first, "a passed spare is reused"
+    c.write([(big.copy_descriptor((SMALL_WRITE + 4,), (1,), 1), bytes(SMALL_WRITE + 4))])
+    assert int(stream) in server._retirer._parked, "a larger write's staging is held"
+    taken.clear()
+    c.write([(h.copy_descriptor((4 * N,), (1,), 1), bytes(4 * N))])
+    assert taken == [True]
+    stamp = server._streams.last_use[h.memory.id]
     assert not one(h.copy_descriptor((N,), (2,), 2), bytes(2 * N), sid)  # strided
     assert not one(h.copy_descriptor((8 * N,), (1,), 1), bytes(8 * N), sid)  # past its end
-    assert server._streams.last_use[h.memory.id][1] == cursor + 2, "declined: nothing moved"
+    assert server._streams.last_use[h.memory.id] == stamp, "declined: nothing moved"
     c.write([(h.copy_descriptor((4 * N,), (1,), 1), bytes(10))])  # the wrong length
-    assert taken == [True, True, False], taken
+    assert taken == [True, False], taken
     raised: BaseException | None = None
     try:
         await c.read([h])

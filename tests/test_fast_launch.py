@@ -34,6 +34,7 @@ SCENARIOS = {
     "fast_warm_up_scenario.py": (
         "warm_up_compiles_and_issues_nothing", "warm_up_route_steps_aside",
         "warm_up_first_request_takes_the_routes",
+        "warm_up_first_requests_cost_what_the_hundredth_does",
     ),
     "fast_ahead_scenario.py": (
         "ahead_taken", "ahead_declined", "ahead_untracked", "ahead_write", "ahead_concurrent",

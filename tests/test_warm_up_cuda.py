@@ -9,12 +9,15 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import asynccube as ac
+from asynccube._core.cuda import driver
 
 from .test_interop_cuda import _dlpack_off_loop
 from .test_warm_up import fresh_twice, handler, launch_twice
@@ -64,6 +67,88 @@ async def _requests(client: ac.ComputeClient, kernel: ac.Kernel, count: int) -> 
         gc.enable()
     assert out == (2 * np.arange(N, dtype=np.float32)).tobytes()
     return times
+
+
+class _DriverCalls:
+    """Counts the calls made through ``cuda.bindings``' driver module by name (the
+    compiled hot path's own calls go straight to libcuda: the routes count those)."""
+
+    def __init__(self) -> None:
+        self._module = driver.cu()
+        self.counts: Counter[str] = Counter()
+        driver._module = self
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._module, name)
+        if not name.startswith("cu") or not callable(attr):
+            return attr
+        counts = self.counts
+
+        def counted(*args: Any) -> Any:
+            counts[name] += 1
+            return attr(*args)
+
+        return counted
+
+    def take(self) -> dict[str, int]:
+        out = dict(self.counts)
+        self.counts.clear()
+        return out
+
+    def stop(self) -> None:
+        driver._module = self._module
+
+
+async def test_after_a_warm_up_the_first_requests_make_the_hundredths_calls() -> None:
+    """On the GPU (whose copies end after the warm-up pass that queued them): each of the
+    first requests after a warm-up takes the one-call routes the hundredth takes and
+    makes the driver calls it makes (no page-locked or device allocation, no stream or
+    event made, no poll of a held staging buffer); printed beside them: the phases of
+    the first and the hundredth, and whether each one's read was done within its spin
+    (a read that is not waits for the loop to wake: the first's remaining cost, if
+    any, is the device's own first run of the kernel)."""
+    async with ac.open_client("cuda:0") as client:
+        kernel = fresh_twice()
+        async with client.warm_up():
+            await handler(client, kernel, np.ones(N, np.float32).tobytes())
+        fast = client._fast  # type: ignore[attr-defined]
+        body = np.arange(N, dtype=np.float32).tobytes()
+        calls, requests = _DriverCalls(), []
+        try:
+            for _ in range(100):
+                calls.take()
+                before = (fast.stats, fast.write_stats)
+                phases = await _phased(client, kernel, body)
+                requests.append((calls.take(), before, (fast.stats, fast.write_stats), phases))
+        finally:
+            calls.stop()
+    hundredth = requests[99][0]
+    first, last = requests[0][3], requests[99][3]
+    shown = f"first request: {first}; 100th: {last}"
+    print(shown)
+    assert not any("Alloc" in name or "Create" in name for name in hundredth), hundredth
+    for i, (made, (hit, write), after, _) in enumerate(requests[:3]):
+        taken = ((hit[0] + 3, hit[1]), (write[0] + 1, write[1]))
+        assert after == taken, f"request {i + 1} took a slow route: {after} != {taken}; {shown}"
+        assert made == hundredth, f"request {i + 1}'s driver calls: {made} != {hundredth}"
+
+
+async def _phased(client: ac.ComputeClient, kernel: ac.Kernel, body: bytes) -> str:
+    """``handler`` with a clock around each call: µs per phase, and whether the read's
+    future was done at the call (within the one-call read's spin)."""
+    t0 = time.perf_counter()
+    x = client.create(body)
+    t1 = time.perf_counter()
+    launch_twice(client, kernel, x, len(body) // 4)
+    t2 = time.perf_counter()
+    fut = client.read([x])
+    t3 = time.perf_counter()
+    spun = fut.done()
+    (out,) = await fut
+    t4 = time.perf_counter()
+    assert bytes(out) == (2 * np.frombuffer(body, np.float32)).tobytes()
+    us = [f"{(b - a) * 1e6:.0f}" for a, b in ((t0, t1), (t1, t2), (t2, t3), (t3, t4))]
+    return f"create {us[0]}, execute {us[1]}, read {us[2]}, await {us[3]} µs, done at call {spun}"
 
 
 async def test_after_a_warm_up_the_first_request_costs_about_the_hundredth() -> None:

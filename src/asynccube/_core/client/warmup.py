@@ -29,7 +29,11 @@ launches again. A tuner's own measurements always run, whatever scope its caller
 
 When a scope ends normally, the actor has reached every launch it dropped (a launch
 queued behind other commands is counted then), everything it started is finished (each
-kernel compiled and loaded, each tuning run done and stored) and ``stats`` is final; kernels that
+kernel compiled and loaded, each tuning run done and stored) and ``stats`` is final;
+a warm-up scope then waits, without blocking the loop, for the device to pass the work
+queued so far, and collects what that frees (:meth:`WarmUp.settle`: a pass's write
+staging and dropped slices, held until then, are where the first request finds them,
+as the hundredth does). Kernels that
 failed are named in ``stats.failures`` and, unless ``raise_on_failure=False``, by a
 :class:`WarmUpError` raised there. No failure is held on a stream: a later launch of a
 kernel that failed compiles it again. When the block raises (or is cancelled), the
@@ -181,6 +185,22 @@ class WarmUp:
         if channel.state is State.OPEN:
             await channel.request(_reached, channel)
 
+    async def settle(self) -> None:
+        """Return once the device has passed the work queued so far (a sync that raises
+        nothing: an error held for a stream stays held for its next awaited command),
+        then collected what that releases (the server's ``end_batch``). A warm-up pass's
+        creates and writes are real, and what they took stays taken until the device
+        passes them: the staging buffer of a write (held until its copy is done), the
+        slice of a buffer dropped after its last use, a stream's done mark. Left for the
+        first request, they made it take the slow routes (its allocation and write
+        through the route, a retirer poll) and the next allocate page-locked memory
+        (``cuMemHostAlloc``, 100s of µs): the first request after a warm-up finds what
+        the hundredth finds. The compiles the scope waited for took far longer than the
+        device needs, so this rarely waits at all."""
+        channel = self._channel
+        if channel.state is State.OPEN:
+            await channel.request(_settle, channel, StreamId.current())
+
     def watermark(self) -> int:
         """An id below that of every buffer made from now on (0: every buffer)."""
         return 0 if self._watermark is None else self._watermark()
@@ -295,6 +315,8 @@ class Scope:
         if self.dropping:
             await self._part.reached()
         await self._finish()
+        if self.dropping:
+            await self._part.settle()
         if self.stats.failures and self._raise:
             raise _warm_up_error(self.stats.failures)
         return absorbed
@@ -400,6 +422,32 @@ def _reached(channel: Channel, fut: Any) -> None:
     channel.server.end_batch()
     if not fut.done():
         fut.set_result(None)
+
+
+def _settle(channel: Channel, stream: StreamId, fut: Any) -> None:
+    """The command :meth:`WarmUp.settle` awaits: the server's sync of every stream,
+    watched without blocking; once done, the server's batch end releases what the
+    device passed, and ``fut`` resolves (with None, whatever the sync's outcome: an
+    error of the device is the next awaited command's)."""
+    server = channel.server
+
+    def done(completion: Any = None) -> None:
+        if completion is not None:
+            try:
+                completion.result()  # gives its events back
+            except Exception:  # the device's error: the next awaited command's
+                pass
+        channel.settled(fut)
+        server.end_batch()
+        if not fut.done():
+            fut.set_result(None)
+
+    try:
+        completion = server.sync(stream)
+    except Exception:  # a closing server, say: nothing to wait for
+        done()
+        return
+    channel.watcher.watch(completion, done)
 
 
 def _clear_ended_frames(exc: BaseException) -> None:

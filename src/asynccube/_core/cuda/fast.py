@@ -65,6 +65,8 @@ write through its pool and retirer). It copies the bytes into it and queues
 ``cuMemcpyHtoDAsync`` after moving the cursor and the stamp, as ``_write_one`` does; the
 buffer goes back on the list with the copy's stamp; a refused copy is held for the
 stream and taints the buffer (:func:`_hold_launch`), as ``fire_writing`` does. The
+route's own small writes of ``bytes`` stage through the same spares (``_write_one``),
+so a size the route wrote (a warm-up's create, say) has its spare here. The
 spares are released at the server's close. False: nothing changed, the route writes.
 ``write_stats`` counts these offers apart from the other routes'.
 

@@ -163,6 +163,7 @@ class LaunchOps(ProfileOps):
         d = cu()
         module = check(d.cuModuleLoadData(compiled.cubin), "cuModuleLoadData")
         function = check(d.cuModuleGetFunction(module, compiled.symbol.encode()))
+        _finish_loading(function)
         if src.shared_mem_bytes > 48 * 1024:
             attr = d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(d.cuFuncSetAttribute(function, attr, src.shared_mem_bytes), "cuFuncSetAttribute")
@@ -263,6 +264,22 @@ class LaunchOps(ProfileOps):
         smem = extra["max_shared_memory_per_block_optin"]
         limits = LaunchLimits(self._max_grid, tuple(extra["max_block_dim"]), limit, smem)
         return block_problem(loaded.source, limits)
+
+
+def _finish_loading(function: Any) -> None:
+    """Load ``function`` whole now, in the load's worker thread (``cuFuncLoad``, CUDA
+    12.4+): under lazy loading (the driver's default since 12.2) the handle
+    ``cuModuleGetFunction`` returns may be loaded only in part, and the driver then
+    finishes the loading in the kernel's first ``cuLaunchKernel``, on the loop's thread:
+    the first request after a warm-up would pay it. A driver without the call, or that
+    refuses it, leaves the loading to that launch, as before."""
+    load = getattr(cu(), "cuFuncLoad", None)
+    if load is None:
+        return
+    try:
+        load(function)
+    except Exception:  # bindings newer than the driver: the symbol is missing there
+        pass
 
 
 def _max_threads(function: Any) -> int:

@@ -21,6 +21,7 @@ from .copies import CopyPlan, issue_copy, plan_copy
 from .driver import error_from
 from .native.hotpath import hot
 from .storage import PinnedBuffer, PinnedPool
+from .streams import Retirer
 from .timing import ProfileOps
 
 __all__ = ["INLINE_BYTES", "SMALL_WRITE", "ZERO_COPY_READ", "TransferOps"]
@@ -105,14 +106,42 @@ class TransferOps(ProfileOps):
         if mv.nbytes != nbytes:
             return False
         ptr = self._ptr(binding)
-        cu_stream = self._streams.resolve(stream, [binding]).stream
+        resolved = self._streams.resolve(stream, [binding])
+        cu_stream = resolved.stream
         staged = self._staged.pop(id(data), None)
-        src, keep = staged if staged is not None else _stage(self._pinned, mv)
-        err = hot.memcpy_async(True, ptr, src, nbytes, cu_stream)
-        self._retirer.hold(cu_stream, keep)
+        spare = self._small_write_buffer(nbytes) if staged is None and type(data) is bytes else None
+        if spare is not None:  # staged as FastLaunch.write stages: its spares, kept
+            ctypes.memmove(spare.ptr, hot.address(mv), nbytes)
+            err = hot.memcpy_async(True, ptr, spare.ptr, nbytes, cu_stream)
+            self._small_writes[nbytes].append((spare, (stream, resolved.cursor)))
+        else:
+            src, keep = staged if staged is not None else _stage(self._pinned, mv)
+            err = hot.memcpy_async(True, ptr, src, nbytes, cu_stream)
+            self._retirer.hold(cu_stream, keep)
         if err:
             raise error_from(err, "cuMemcpyHtoDAsync")
         return True
+
+    def _small_write_buffer(self, nbytes: int) -> PinnedBuffer | None:
+        """A staging buffer for a small write of ``bytes`` from ``FastLaunch.write``'s
+        spares (``_small_writes``), as that route takes one: a kept one the device is
+        done with (its copy's stamp passed by its stream's done mark), else a new one
+        from :meth:`write_spare`; None (the pool and the retirer stage it): a larger
+        write, enough spares kept, or a graph capture (its retirer keeps a copy's
+        source for as long as the graph). So the route's writes of a size (a warm-up's,
+        say: the one-call routes step aside while one is open) leave the spare that the
+        one-call write of that size takes, instead of a buffer in the pool's cache."""
+        if nbytes > SMALL_WRITE or type(self._retirer) is not Retirer:
+            return None
+        spares = self._small_writes.get(nbytes)
+        if spares:
+            slots, max_streams = self._streams.streams.slots, self._streams.max_streams
+            for i, (buf, (sid, cursor)) in enumerate(spares[:64]):
+                wrapper = slots[sid.value % max_streams]
+                if wrapper is not None and wrapper.done >= cursor:
+                    del spares[i]
+                    return buf
+        return self.write_spare(nbytes)
 
     def write_spare(self, nbytes: int) -> PinnedBuffer | None:
         """A new staging buffer of ``nbytes`` for ``FastLaunch.write`` to keep in
