@@ -21,7 +21,7 @@ from .binding import (
     read_args,
     scalar_bindings,
 )
-from .cuda_gen import BLOCK, KernelParts, abi_scalars, elementwise_source
+from .cuda_gen import BLOCK, KernelParts, abi_scalars, elementwise_source, tile_elements
 from .dtypes import Ty, c_storage, strong
 from .expr import Program, parse_program
 from .host_eval import CHUNK, ChunkEval, fold
@@ -31,6 +31,8 @@ __all__ = ["ElementwiseKernel", "KernelCall", "elementwise", "grid_blocks", "hos
 
 MAX_BLOCKS: Final = 1 << 20
 WIDE: Final = 1 << 31
+PER_THREAD: Final = 8
+"""Elements each thread of an elementwise kernel handles per tile (whole vectors)."""
 
 
 def grid_blocks(n: int, per_thread: int = 1) -> int:
@@ -66,6 +68,7 @@ class _Spec:
     scalars: tuple[tuple[str, Ty], ...]
     ctx: TypeContext
     out_dtypes: tuple[np.dtype[Any], ...]
+    per_thread: int
 
 
 class ElementwiseKernel:
@@ -119,7 +122,9 @@ class ElementwiseKernel:
         )
         bindings = scalar_bindings(bindings, spec.scalars, args.scalars)
         bindings.with_metadata(count_metadata(args.size))
-        launch = KernelLaunch(spec.kernel, CubeCount(grid_blocks(args.size)), bindings)
+        launch = KernelLaunch(
+            spec.kernel, CubeCount(grid_blocks(args.size, spec.per_thread)), bindings
+        )
         return KernelCall((launch,), outputs)
 
     def _spec(self, args: CallArgs) -> _Spec:
@@ -144,7 +149,8 @@ class ElementwiseKernel:
             scalars,
             2,
         )
-        source = elementwise_source(parts, statements, out_dtypes, wide)
+        source = elementwise_source(parts, statements, out_dtypes, wide, PER_THREAD)
+        width, unroll = tile_elements([*(dt for _, dt in parts.arrays), *out_dtypes], PER_THREAD)
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         host = _host_function(statements, arrays, self.outputs, out_dtypes, args.types, scalars)
         kernel = Kernel(
@@ -152,7 +158,7 @@ class ElementwiseKernel:
             cuda=CudaSource(source, "ac_elementwise", block=(BLOCK, 1, 1)),
             host=host,
         )
-        return _Spec(kernel, arrays, scalars, ctx, out_dtypes)
+        return _Spec(kernel, arrays, scalars, ctx, out_dtypes, width * unroll)
 
 
 def _checked_name(name: str) -> str:

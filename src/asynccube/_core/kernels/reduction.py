@@ -22,7 +22,7 @@ from .binding import (
     read_args,
     scalar_bindings,
 )
-from .cuda_gen import BLOCK, KernelParts, abi_scalars
+from .cuda_gen import BLOCK, KernelParts, abi_scalars, tile_elements
 from .cuda_reduce import axis_source, finish_source, partial_source
 from .dtypes import Ty, c_storage, strong
 from .elementwise import WIDE, KernelCall, grid_blocks
@@ -34,6 +34,8 @@ __all__ = ["ReductionKernel", "reduction"]
 
 OPS: Final = {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum"}
 MAX_PARTIALS: Final = 1024
+PER_THREAD: Final = 16
+"""Elements each thread of the whole-tensor pass folds per tile (whole vectors)."""
 _RESERVED: Final = frozenset({"axis", "out"})
 
 
@@ -45,6 +47,7 @@ class _Spec:
     ctx: TypeContext
     acc: np.dtype[Any]
     out: np.dtype[Any]
+    per_thread: int
 
 
 class ReductionKernel:
@@ -129,7 +132,7 @@ class ReductionKernel:
     def _whole(
         self, client: ComputeClient, spec: _Spec, args: CallArgs, base: Bindings, result: Tensor
     ) -> tuple[KernelLaunch, ...]:
-        groups = max(1, min(MAX_PARTIALS, -(-args.size // (BLOCK * 8))))
+        groups = max(1, min(MAX_PARTIALS, -(-args.size // (BLOCK * spec.per_thread))))
         partials = client.empty(groups * spec.acc.itemsize)
         base.buffers.append(partials.binding())
         base.with_metadata(count_metadata(args.size))
@@ -160,7 +163,8 @@ class ReductionKernel:
         scalars = tuple(abi_scalars([(n, args.types[n]) for n in self.inputs if n not in arrays]))
         in_dtypes = tuple((n, strong(args.types[n])) for n in arrays)
         kernels = self._kernels(op, mapped, in_dtypes, scalars, acc, out_dt, axis, wide)
-        return _Spec(kernels, arrays, scalars, ctx, acc, out_dt)
+        width, unroll = tile_elements([dt for _, dt in in_dtypes], PER_THREAD)
+        return _Spec(kernels, arrays, scalars, ctx, acc, out_dt, width * unroll)
 
     def _kernels(
         self,
@@ -182,7 +186,7 @@ class ReductionKernel:
         parts = KernelParts(arrays, (f"{c_storage(acc)}* r0",), scalars, 2)
         first = self._kernel(
             "ac_reduce_partial",
-            partial_source(parts, mapped, op, acc, wide),
+            partial_source(parts, mapped, op, acc, wide, PER_THREAD),
             partial_host(*host_args),
         )
         second = self._kernel(
