@@ -189,8 +189,11 @@ async def test_a_warm_call_binds_in_few_python_calls(host_client: ac.ComputeClie
     assert np.isnan(next(iter(nan.bindings.scalars.values())).values()[0])
     for launch in (other, nan):
         host_client.execute(*launch)
-    got = await host_client.read_array(y)
-    assert np.isnan(got).all()
+    assert np.isnan(await host_client.read_array(y)).all()
+    for zero in (0.0, -0.0):  # equal, but not the same bits: each its own scalars
+        axpb(host_client, x=x, a=zero, b=zero, y=y)
+        got = await host_client.read_array(y)
+        assert np.signbit(got[0]) == np.signbit(zero)
 
 
 def _offset_tensor(

@@ -211,10 +211,16 @@ def scalar_bindings(
         if sb is None:
             values = [int(v) if isinstance(v, bool | np.bool_) else v for v in values]
             sb = ScalarBinding(dt, values)
-            if all(v == v for v in values):  # NaN is never found again: not kept
+            if all(_keyable(v) for v in values):
                 _remember(_SCALARS, key, sb)
         bindings.scalars[sb.ty] = sb
     return bindings
+
+
+def _keyable(value: Any) -> bool:
+    """Whether equal keys mean equal bits: not a NaN (never equal to itself) nor a float
+    zero (``-0.0 == 0.0``)."""
+    return bool(value == value) and (value != 0 or isinstance(value, int | np.integer))
 
 
 def count_metadata(*counts: int) -> MetadataBinding:
