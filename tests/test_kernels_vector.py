@@ -19,6 +19,7 @@ import asynccube as ac
 from asynccube._core.cuda import compiler
 from asynccube._core.cuda.abi import PRELUDE
 from asynccube._core.errors import CompilationError
+from asynccube._core.kernels.cuda_gen import OPTIONS
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.allow_loop_lag]  # compiles on the loop
 
@@ -56,7 +57,7 @@ def _ptx_and_log(source: str) -> tuple[str, str]:
     )
     assert not err
     try:
-        options = [b"-arch=sm_90", b"-Xptxas=-v"]
+        options = [b"-arch=sm_90", b"-Xptxas=-v", *(o.encode() for o in OPTIONS)]
         (err,) = nv.nvrtcCompileProgram(prog, len(options), options)
         _, size = nv.nvrtcGetProgramLogSize(prog)
         log = b" " * size
@@ -109,11 +110,13 @@ async def test_generated_kernels_load_and_store_16_byte_vectors(
         ptx, log = _ptx_and_log(source)
         vectors = re.findall(r"ld\.global(?:\.nc)?\.v(\d)\.(\w)(\d+)", ptx)
         assert any(int(v) * int(bits) == 128 for v, _, bits in vectors), vectors
-        assert "0 bytes spill stores" in log
+        assert "0 bytes spill stores" in log and "0 bytes stack frame" in log
+        assert kernel.cuda.options == OPTIONS
     assert sources[0].cuda is not None
     ptx = _ptx_and_log(sources[0].cuda.source)[0]
     stores = re.findall(r"st\.global\.v(\d)\.(\w)(\d+)", ptx)
     assert any(int(v) * int(bits) == 128 for v, _, bits in stores), stores
+    assert "fma." not in ptx  # a * x + b rounded twice, as numpy does
 
 
 async def test_mixed_widths_vectorize_by_the_widest_dtype(

@@ -23,6 +23,7 @@ from .dtypes import Ty, c_storage, c_value, param_dtype, strong
 from .typing import Typed
 
 __all__ = [
+    "OPTIONS",
     "KernelParts",
     "abi_scalars",
     "elementwise_source",
@@ -33,6 +34,11 @@ __all__ = [
 
 BLOCK = 256
 """Threads per block of every generated kernel."""
+
+OPTIONS = ("--fmad=false",)
+"""NVRTC options of every generated kernel: numpy rounds a product before adding to it,
+so ``a * x + b`` is not contracted to one FMA (the kernels are memory-bound: it costs
+nothing)."""
 
 VECTOR_BYTES = 16
 """Bytes of the widest dtype's vector (one 128-bit load or store)."""

@@ -24,7 +24,14 @@ from .binding import (
     scalar_bindings,
     scalar_groups,
 )
-from .cuda_gen import BLOCK, KernelParts, abi_scalars, elementwise_source, tile_elements
+from .cuda_gen import (
+    BLOCK,
+    OPTIONS,
+    KernelParts,
+    abi_scalars,
+    elementwise_source,
+    tile_elements,
+)
 from .dtypes import Ty, c_storage, strong
 from .expr import Program, parse_program
 from .host_eval import CHUNK, ChunkEval, fold
@@ -160,7 +167,7 @@ class ElementwiseKernel:
         host = _host_function(statements, arrays, self.outputs, out_dtypes, args.types, scalars)
         kernel = Kernel(
             f"{self.name}_{digest}",
-            cuda=CudaSource(source, "ac_elementwise", block=(BLOCK, 1, 1)),
+            cuda=CudaSource(source, "ac_elementwise", block=(BLOCK, 1, 1), options=OPTIONS),
             host=host,
         )
         return _Spec(kernel, arrays, scalar_groups(scalars), ctx, out_dtypes, width * unroll)

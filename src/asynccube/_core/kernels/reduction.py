@@ -26,7 +26,7 @@ from .binding import (
     scalar_bindings,
     scalar_groups,
 )
-from .cuda_gen import BLOCK, KernelParts, abi_scalars, tile_elements
+from .cuda_gen import BLOCK, OPTIONS, KernelParts, abi_scalars, tile_elements
 from .cuda_reduce import axis_source, finish_source, partial_source
 from .dtypes import SUPPORTED, Ty, c_storage, strong
 from .elementwise import WIDE, KernelCall, grid_blocks
@@ -205,7 +205,9 @@ class ReductionKernel:
     def _kernel(self, entry: str, source: str, host: Any) -> Kernel:
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         return Kernel(
-            f"{self.name}_{digest}", cuda=CudaSource(source, entry, block=(BLOCK, 1, 1)), host=host
+            f"{self.name}_{digest}",
+            cuda=CudaSource(source, entry, block=(BLOCK, 1, 1), options=OPTIONS),
+            host=host,
         )
 
 
