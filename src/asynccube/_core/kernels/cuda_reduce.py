@@ -1,6 +1,11 @@
-"""CUDA C++ of the reduction kernels: a block reduction in shared memory (a tree of
-``BLOCK`` threads), used by the whole-array pass (one partial per block, then one block
-reduces the partials) and by the per-row and per-column reductions of a 2-D tensor."""
+"""CUDA C++ of the reduction kernels: a block reduction (warp shuffles, then one warp
+over the warps' values in shared memory), used by the whole-array pass (one partial per
+block, then one block reduces the partials) and by the per-row and per-column
+reductions of a 2-D tensor.
+
+The whole-array pass reads 16-byte vectors, several per thread per tile (all loads
+before the folds), as :mod:`.cuda_gen` describes; each thread folds its elements in a
+fixed order, so a result depends only on the input and its size: deterministic."""
 
 from __future__ import annotations
 
@@ -9,7 +14,17 @@ from typing import Any
 import numpy as np
 
 from .cuda_expr import PREAMBLE, convert, emit
-from .cuda_gen import BLOCK, KernelParts, count_lines, index_type, store
+from .cuda_gen import (
+    BLOCK,
+    VEC_TYPE,
+    KernelParts,
+    aligned_check,
+    count_lines,
+    index_type,
+    store,
+    tile_elements,
+    tile_index,
+)
 from .dtypes import c_value
 from .typing import Typed
 
@@ -43,16 +58,26 @@ def c_identity(op: str, acc: np.dtype[Any]) -> str:
 
 def _helpers(op: str, acc: np.dtype[Any]) -> str:
     ct = c_value(acc)
-    return f"""{PREAMBLE}
+    warps = BLOCK // 32
+    return f"""{PREAMBLE}{VEC_TYPE}
 __device__ __forceinline__ {ct} ac_combine({ct} a, {ct} b) {{ return ({ct}){_COMBINE[op]}; }}
+__device__ __forceinline__ {ct} ac_warp_reduce({ct} v) {{
+    #pragma unroll
+    for (int k = 16; k > 0; k >>= 1) v = ac_combine(v, ({ct})__shfl_down_sync(0xffffffffu, v, k));
+    return v;
+}}
 __device__ __forceinline__ {ct} ac_block_reduce({ct} v) {{
-    __shared__ {ct} s[{BLOCK}];
-    s[threadIdx.x] = v;
+    __shared__ {ct} s[{warps}];
+    v = ac_warp_reduce(v);
+    if ((threadIdx.x & 31u) == 0) s[threadIdx.x >> 5] = v;
     __syncthreads();
-    for (unsigned int k = {BLOCK // 2}; k > 0; k >>= 1) {{
-        if (threadIdx.x < k) s[threadIdx.x] = ac_combine(s[threadIdx.x], s[threadIdx.x + k]);
-        __syncthreads();
+    if (threadIdx.x < 32) {{
+        v = threadIdx.x < {warps}u ? s[threadIdx.x] : {c_identity(op, acc)};
+        v = ac_warp_reduce(v);
     }}
+    __syncthreads();
+    if (threadIdx.x == 0) s[0] = v;
+    __syncthreads();
     const {ct} out = s[0];
     __syncthreads();
     return out;
@@ -67,18 +92,49 @@ def _element(parts: KernelParts, mapped: Typed, acc: np.dtype[Any], index: str) 
 
 
 def partial_source(
-    parts: KernelParts, mapped: Typed, op: str, acc: np.dtype[Any], wide: bool
+    parts: KernelParts,
+    mapped: Typed,
+    op: str,
+    acc: np.dtype[Any],
+    wide: bool,
+    per_thread: int = 16,
 ) -> str:
     """Entry ``ac_reduce_partial``: each block folds a grid-stride share of the ``n``
-    elements into ``partials[blockIdx.x]`` (buffer ``r0``)."""
+    elements (tiles of ``BLOCK * unroll`` vectors, then the scalar tail; unaligned
+    bindings: the scalar loop) into ``partials[blockIdx.x]`` (buffer ``r0``)."""
     idx = index_type(wide)
+    width, unroll = tile_elements([dt for _, dt in parts.arrays], per_thread)
+    value = convert(emit(mapped, parts.names()), mapped.dtype, acc)
+    element = " ".join(
+        [*parts.raw_loads(lambda k: f"L{k}[u].v[e]"), f"acc = ac_combine(acc, {value});"]
+    )
+    pointers = [(f"p{k}", width * dt.itemsize) for k, (_, dt) in enumerate(parts.arrays)]
+    loads = "\n        ".join(parts.vector_loads(width, unroll, idx, "nv"))
+    tile = BLOCK * unroll
     return f"""{_helpers(op, acc)}
-extern "C" __global__ void ac_reduce_partial({parts.params()}) {{
+extern "C" __global__ void __launch_bounds__({BLOCK}) ac_reduce_partial({parts.params()}) {{
     {count_lines(wide)}
     {" ".join(parts.scalar_lines())}
+    {aligned_check(pointers)}
     {c_value(acc)} acc = {c_identity(op, acc)};
-    for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += ({idx})blockDim.x * gridDim.x) {{
+    {idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x;
+    if (aligned) {{
+        const {idx} nv = n / {width}u;
+        for ({idx} base = ({idx})blockIdx.x * {tile}u; base < nv;
+             base += ({idx})gridDim.x * {tile}u) {{
+        {loads}
+        #pragma unroll
+        for (int u = 0; u < {unroll}; ++u) {{
+            {tile_index(idx)}
+            if (j < nv) {{
+                #pragma unroll
+                for (int e = 0; e < {width}; ++e) {{ {element} }}
+            }}
+        }}
+        }}
+        i += nv * {width}u;
+    }}
+    for (; i < n; i += ({idx})blockDim.x * gridDim.x) {{
         {_element(parts, mapped, acc, "i")}
     }}
     acc = ac_block_reduce(acc);

@@ -11,17 +11,27 @@ import numpy as np
 from ..client.client import ComputeClient
 from ..client.tensor import Tensor
 from ..errors import InvalidArgument, KernelDefinitionError
-from ..values.bindings import Bindings, CubeCount
 from ..values.kernel import CudaSource, HostLaunch, Kernel
 from .binding import (
     CallArgs,
     KernelLaunch,
+    ScalarGroups,
     check_scalar_ranges,
     count_metadata,
+    cube_count,
+    new_bindings,
     read_args,
     scalar_bindings,
+    scalar_groups,
 )
-from .cuda_gen import BLOCK, KernelParts, abi_scalars, elementwise_source
+from .cuda_gen import (
+    BLOCK,
+    OPTIONS,
+    KernelParts,
+    abi_scalars,
+    elementwise_source,
+    tile_elements,
+)
 from .dtypes import Ty, c_storage, strong
 from .expr import Program, parse_program
 from .host_eval import CHUNK, ChunkEval, fold
@@ -31,6 +41,8 @@ __all__ = ["ElementwiseKernel", "KernelCall", "elementwise", "grid_blocks", "hos
 
 MAX_BLOCKS: Final = 1 << 20
 WIDE: Final = 1 << 31
+PER_THREAD: Final = 8
+"""Elements each thread of an elementwise kernel handles per tile (whole vectors)."""
 
 
 def grid_blocks(n: int, per_thread: int = 1) -> int:
@@ -63,9 +75,10 @@ class _Spec:
 
     kernel: Kernel
     arrays: tuple[str, ...]
-    scalars: tuple[tuple[str, Ty], ...]
+    groups: ScalarGroups
     ctx: TypeContext
     out_dtypes: tuple[np.dtype[Any], ...]
+    per_thread: int
 
 
 class ElementwiseKernel:
@@ -89,6 +102,7 @@ class ElementwiseKernel:
         self.inputs = self.program.inputs
         self.outputs = self.program.outputs
         self._specs: dict[tuple[Any, ...], _Spec] = {}
+        self._what = f"{self.name} ({self.expression!r})"
 
     def __repr__(self) -> str:
         return f"ElementwiseKernel({self.expression!r}, name={self.name!r})"
@@ -103,29 +117,32 @@ class ElementwiseKernel:
 
     def bind(self, client: ComputeClient, /, **arguments: Any) -> KernelCall:
         """The launch for ``arguments`` (outputs not given are allocated on ``client``)."""
-        what = f"{self.name} ({self.expression!r})"
+        what = self._what
         args = read_args(what, client, self.inputs, self.outputs, arguments)
         if args.shape is None:
             raise InvalidArgument(f"{what}: give at least one Tensor (an array argument)")
         spec = self._spec(args)
-        check_scalar_ranges(spec.ctx, args.scalars)
-        outputs = {
-            name: args.tensors.get(name) or client.empty_array(args.shape, dt)
-            for name, dt in zip(self.outputs, spec.out_dtypes, strict=True)
-        }
-        bindings = Bindings().with_buffers(
-            [args.tensors[a].binding() for a in spec.arrays]
-            + [t.binding() for t in outputs.values()]
-        )
-        bindings = scalar_bindings(bindings, spec.scalars, args.scalars)
-        bindings.with_metadata(count_metadata(args.size))
-        launch = KernelLaunch(spec.kernel, CubeCount(grid_blocks(args.size)), bindings)
-        return KernelCall((launch,), outputs)
+        if spec.ctx.int_targets:
+            check_scalar_ranges(spec.ctx, args.scalars)
+        tensors = args.tensors
+        outputs = {}
+        for name, dt in zip(self.outputs, spec.out_dtypes, strict=True):
+            given = tensors.get(name)
+            outputs[name] = given if given is not None else client.empty_array(args.shape, dt)
+        buffers = [tensors[a].handle.binding() for a in spec.arrays]
+        buffers += [t.handle.binding() for t in outputs.values()]
+        bindings = new_bindings(buffers)
+        if spec.groups:
+            scalar_bindings(bindings, spec.groups, args.scalars)
+        bindings.metadata = count_metadata(args.size)
+        cubes = cube_count(grid_blocks(args.size, spec.per_thread))
+        return KernelCall((KernelLaunch(spec.kernel, cubes, bindings),), outputs)
 
     def _spec(self, args: CallArgs) -> _Spec:
-        given = tuple(args.tensors[o].dtype if o in args.tensors else None for o in self.outputs)
+        tensors, types = args.tensors, args.types
+        given = tuple(tensors[o].dtype if o in tensors else None for o in self.outputs)
         wide = args.size >= WIDE
-        key = (tuple((n, n in args.tensors, args.types[n]) for n in self.inputs), given, wide)
+        key = (tuple([(n, n in tensors, types[n]) for n in self.inputs]), given, wide)
         spec = self._specs.get(key)
         if spec is None:
             spec = self._specs[key] = self._make_spec(args, given, wide)
@@ -144,15 +161,16 @@ class ElementwiseKernel:
             scalars,
             2,
         )
-        source = elementwise_source(parts, statements, out_dtypes, wide)
+        source = elementwise_source(parts, statements, out_dtypes, wide, PER_THREAD)
+        width, unroll = tile_elements([*(dt for _, dt in parts.arrays), *out_dtypes], PER_THREAD)
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         host = _host_function(statements, arrays, self.outputs, out_dtypes, args.types, scalars)
         kernel = Kernel(
             f"{self.name}_{digest}",
-            cuda=CudaSource(source, "ac_elementwise", block=(BLOCK, 1, 1)),
+            cuda=CudaSource(source, "ac_elementwise", block=(BLOCK, 1, 1), options=OPTIONS),
             host=host,
         )
-        return _Spec(kernel, arrays, scalars, ctx, out_dtypes)
+        return _Spec(kernel, arrays, scalar_groups(scalars), ctx, out_dtypes, width * unroll)
 
 
 def _checked_name(name: str) -> str:

@@ -12,19 +12,23 @@ import numpy as np
 from ..client.client import ComputeClient
 from ..client.tensor import Tensor
 from ..errors import InvalidArgument, KernelDefinitionError
-from ..values.bindings import Bindings, CubeCount, MetadataBinding
+from ..values.bindings import Bindings, MetadataBinding
 from ..values.kernel import CudaSource, Kernel
 from .binding import (
     CallArgs,
     KernelLaunch,
+    ScalarGroups,
     check_scalar_ranges,
     count_metadata,
+    cube_count,
+    new_bindings,
     read_args,
     scalar_bindings,
+    scalar_groups,
 )
-from .cuda_gen import BLOCK, KernelParts, abi_scalars
+from .cuda_gen import BLOCK, OPTIONS, KernelParts, abi_scalars, tile_elements
 from .cuda_reduce import axis_source, finish_source, partial_source
-from .dtypes import Ty, c_storage, strong
+from .dtypes import SUPPORTED, Ty, c_storage, strong
 from .elementwise import WIDE, KernelCall, grid_blocks
 from .expr import parse_expression
 from .reduce_host import axis_host, finish_host, partial_host
@@ -34,6 +38,8 @@ __all__ = ["ReductionKernel", "reduction"]
 
 OPS: Final = {"sum": "add", "prod": "multiply", "min": "minimum", "max": "maximum"}
 MAX_PARTIALS: Final = 1024
+PER_THREAD: Final = 16
+"""Elements each thread of the whole-tensor pass folds per tile (whole vectors)."""
 _RESERVED: Final = frozenset({"axis", "out"})
 
 
@@ -41,10 +47,11 @@ _RESERVED: Final = frozenset({"axis", "out"})
 class _Spec:
     kernels: tuple[Kernel, ...]
     arrays: tuple[str, ...]
-    scalars: tuple[tuple[str, Ty], ...]
+    groups: ScalarGroups
     ctx: TypeContext
     acc: np.dtype[Any]
     out: np.dtype[Any]
+    per_thread: int
 
 
 class ReductionKernel:
@@ -72,6 +79,7 @@ class ReductionKernel:
         if _RESERVED & set(self.inputs):
             raise KernelDefinitionError(f"in {map!r}: 'axis' and 'out' name the call's options")
         self._specs: dict[tuple[Any, ...], _Spec] = {}
+        self._what = f"{name} ({op} of {map!r})"
 
     def __repr__(self) -> str:
         return f"ReductionKernel({self.op!r}, {self.map!r}, name={self.name!r})"
@@ -101,48 +109,51 @@ class ReductionKernel:
     ) -> KernelCall:
         """The launches for ``arguments`` (``out`` allocated if not given; a whole-tensor
         reduction also allocates its partials)."""
-        what = f"{self.name} ({self.op} of {self.map!r})"
+        what = self._what
         args = read_args(what, client, self.inputs, (), arguments)
         if args.shape is None:
             raise InvalidArgument(f"{what}: give at least one Tensor (an array argument)")
         axis, out_shape = _axis(what, axis, args.shape)
         spec = self._spec(args, axis, out)
-        check_scalar_ranges(spec.ctx, args.scalars)
+        if spec.ctx.int_targets:
+            check_scalar_ranges(spec.ctx, args.scalars)
         if args.size == 0 and self.op in ("min", "max") and out_shape != (0,):
             raise InvalidArgument(
                 f"{what}: {self.op} of an empty tensor has no value (no identity)"
             )
         result = out if out is not None else client.empty_array(out_shape, spec.out)
         _check_out(what, result, out_shape, client)
-        base = Bindings().with_buffers([args.tensors[a].binding() for a in spec.arrays])
-        base = scalar_bindings(base, spec.scalars, args.scalars)
+        base = new_bindings([args.tensors[a].handle.binding() for a in spec.arrays])
+        if spec.groups:
+            scalar_bindings(base, spec.groups, args.scalars)
         if axis is None:
             launches = self._whole(client, spec, args, base, result)
         else:
             rows, cols = args.shape
-            base.buffers.append(result.binding())
-            base.with_metadata(count_metadata(rows, cols))
+            base.buffers.append(result.handle.binding())
+            base.metadata = count_metadata(rows, cols)
             blocks = min(rows, 65535) if axis == 1 else grid_blocks(cols)
-            launches = (KernelLaunch(spec.kernels[0], CubeCount(max(1, blocks)), base),)
+            launches = (KernelLaunch(spec.kernels[0], cube_count(max(1, blocks)), base),)
         return KernelCall(launches, {"out": result})
 
     def _whole(
         self, client: ComputeClient, spec: _Spec, args: CallArgs, base: Bindings, result: Tensor
     ) -> tuple[KernelLaunch, ...]:
-        groups = max(1, min(MAX_PARTIALS, -(-args.size // (BLOCK * 8))))
-        partials = client.empty(groups * spec.acc.itemsize)
-        base.buffers.append(partials.binding())
-        base.with_metadata(count_metadata(args.size))
-        finish = Bindings().with_buffers([partials.binding(), result.binding()])
-        finish.with_metadata(MetadataBinding(np.array([groups], np.uint32)))
+        groups = max(1, min(MAX_PARTIALS, -(-args.size // (BLOCK * spec.per_thread))))
+        partials = client.empty(groups * spec.acc.itemsize).binding()
+        base.buffers.append(partials)
+        base.metadata = count_metadata(args.size)
+        finish = new_bindings([partials, result.handle.binding()])
+        finish.metadata = _groups_metadata(groups)
         return (
-            KernelLaunch(spec.kernels[0], CubeCount(groups), base),
-            KernelLaunch(spec.kernels[1], CubeCount(1), finish),
+            KernelLaunch(spec.kernels[0], cube_count(groups), base),
+            KernelLaunch(spec.kernels[1], cube_count(1), finish),
         )
 
     def _spec(self, args: CallArgs, axis: int | None, out: Tensor | None) -> _Spec:
         wide = args.size >= WIDE
-        types = tuple((n, n in args.tensors, args.types[n]) for n in self.inputs)
+        tensors, given = args.tensors, args.types
+        types = tuple([(n, n in tensors, given[n]) for n in self.inputs])
         key = (types, axis, None if out is None else out.dtype, wide)
         spec = self._specs.get(key)
         if spec is None:
@@ -160,7 +171,8 @@ class ReductionKernel:
         scalars = tuple(abi_scalars([(n, args.types[n]) for n in self.inputs if n not in arrays]))
         in_dtypes = tuple((n, strong(args.types[n])) for n in arrays)
         kernels = self._kernels(op, mapped, in_dtypes, scalars, acc, out_dt, axis, wide)
-        return _Spec(kernels, arrays, scalars, ctx, acc, out_dt)
+        width, unroll = tile_elements([dt for _, dt in in_dtypes], PER_THREAD)
+        return _Spec(kernels, arrays, scalar_groups(scalars), ctx, acc, out_dt, width * unroll)
 
     def _kernels(
         self,
@@ -182,7 +194,7 @@ class ReductionKernel:
         parts = KernelParts(arrays, (f"{c_storage(acc)}* r0",), scalars, 2)
         first = self._kernel(
             "ac_reduce_partial",
-            partial_source(parts, mapped, op, acc, wide),
+            partial_source(parts, mapped, op, acc, wide, PER_THREAD),
             partial_host(*host_args),
         )
         second = self._kernel(
@@ -193,7 +205,9 @@ class ReductionKernel:
     def _kernel(self, entry: str, source: str, host: Any) -> Kernel:
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         return Kernel(
-            f"{self.name}_{digest}", cuda=CudaSource(source, entry, block=(BLOCK, 1, 1)), host=host
+            f"{self.name}_{digest}",
+            cuda=CudaSource(source, entry, block=(BLOCK, 1, 1), options=OPTIONS),
+            host=host,
         )
 
 
@@ -223,7 +237,25 @@ def _check_out(what: str, out: Tensor, shape: tuple[int, ...], client: ComputeCl
     if not isinstance(out, Tensor) or out.shape != shape:
         got = out.shape if isinstance(out, Tensor) else type(out).__name__
         raise InvalidArgument(f"{what}: out must be a Tensor of shape {shape}, got {got}")
-    read_args(what, client, (), ("out",), {"out": out})  # same client, dtype, layout
+    owner = out._client() if out._client is not None else None
+    if owner is not client or out.dtype not in SUPPORTED or out.strides != _CONTIGUOUS[len(shape)]:
+        read_args(what, client, (), ("out",), {"out": out})  # raises, naming what is wrong
+
+
+_CONTIGUOUS: Final = {0: (), 1: (1,)}
+"""The strides of a contiguous result: shape ``()`` or ``(n,)``."""
+
+
+def _groups_metadata(groups: int) -> MetadataBinding:
+    """The finishing pass's metadata (the partials' count), one per count, read-only."""
+    meta = _FINISH.get(groups)
+    if meta is None:
+        meta = _FINISH[groups] = MetadataBinding(np.array([groups], np.uint32))
+        meta.data.flags.writeable = False
+    return meta
+
+
+_FINISH: dict[int, MetadataBinding] = {}
 
 
 def reduction(op: str, map: str = "x", *, name: str = "reduction") -> ReductionKernel:
