@@ -52,12 +52,16 @@ def to_client(src: ClientParts, handle: Handle | Binding, other: ClientParts) ->
             "client's, or a closed one's); call to_client on the client that created it"
         )
     stream = StreamId.current()
-    dst = other._memory.mint(binding.size, stream)
-    if _peer(src, other):
-        _peer_copy(src, binding, other, dst, stream)
-    else:
+    route = _route(src, other)
+    if route is _STAGED:
+        dst = other._memory.mint(binding.size, stream)
         data = src.read([binding])
         other._channel.send(_write_when_read, other, dst, data, stream)
+        return dst
+    fast = other._fast  # FastLaunch.empty: a dropped slice the stream passed, in one call
+    taken = fast.empty(binding.size) if fast is not None else None
+    dst = other._memory.mint(binding.size, stream) if taken is None else taken
+    _peer_copy(_Copy(src, binding, other, dst, stream, route is _READY, taken is not None))
     return dst
 
 
@@ -78,12 +82,19 @@ def _binding(handle: object) -> Binding:
     raise InvalidArgument(f"to_client copies a Handle or Binding, got {type(handle).__name__}")
 
 
-def _peer(src: ClientParts, dst: ClientParts) -> bool:
-    if src.server.properties.kind != "cuda" or dst.server.properties.kind != "cuda":
-        return False
-    from ..cuda.peer import can_copy
+_STAGED, _ENABLE, _READY = "staged", "enable", "ready"
+"""``to_client``'s routes: staged through the host; a peer copy once a worker thread
+enabled peer access between the two devices; a peer copy now."""
 
-    return can_copy(src.server, dst.server)
+
+def _route(src: ClientParts, dst: ClientParts) -> str:
+    a, b = src._server, dst._server
+    if a.properties.kind != "cuda" or b.properties.kind != "cuda":
+        return _STAGED
+    peer = _peer_module()
+    if not peer.can_copy(a, b):
+        return _STAGED
+    return _READY if peer.enable_peer_job(a, b) is None else _ENABLE
 
 
 def _fail(client: ClientParts, dst: Handle, stream: StreamId, exc: BaseException) -> None:
@@ -138,14 +149,25 @@ class _Copy:
     """One peer copy, shared by its two commands (one queued on each client's channel)."""
 
     __slots__ = (
-        "binding", "copied", "dst", "error", "other", "phase", "ready", "source", "src",
-        "stream",
+        "binding", "copied", "created", "dst", "enabled", "error", "other", "phase", "ready",
+        "source", "src", "stream",
     )  # fmt: skip
 
     def __init__(
-        self, src: ClientParts, binding: Binding, other: ClientParts, dst: Handle, stream: StreamId
+        self,
+        src: ClientParts,
+        binding: Binding,
+        other: ClientParts,
+        dst: Handle,
+        stream: StreamId,
+        enabled: bool,
+        created: bool,
     ) -> None:
         self.src, self.binding, self.other, self.dst, self.stream = src, binding, other, dst, stream
+        self.enabled = enabled
+        """Peer access between the two devices is on (else a worker thread turns it on)."""
+        self.created = created
+        """``dst`` is allocated already (``FastLaunch.empty`` took it)."""
         self.phase = _NEW
         self.source: Any = None
         """The export (:func:`.cuda.peer.export`), once the source ran it alone."""
@@ -157,15 +179,20 @@ class _Copy:
         """Set while the source's command waits for the destination's copy."""
 
 
+_peer: Any = None
+""":mod:`.cuda.peer`, once a client asked for a route (CUDA only: not imported before)."""
+
+
 def _peer_module() -> Any:
-    from ..cuda import peer  # CUDA only: imported at the first peer copy
+    global _peer
+    if _peer is None:
+        from ..cuda import peer
 
-    return peer
+        _peer = peer
+    return _peer
 
 
-def _peer_copy(
-    src: ClientParts, binding: Binding, other: ClientParts, dst: Handle, stream: StreamId
-) -> None:
+def _peer_copy(copy: _Copy) -> None:
     """Both sides at once, on the calling thread, when both actors are idle (the usual
     case: the copy is on the device before this returns): :func:`_whole` through the
     source's ``Channel.send``. Otherwise a command on each channel, sent at the same
@@ -174,9 +201,8 @@ def _peer_copy(
     and does the whole copy, so neither actor waits for the other. Only when the other
     command is not at its queue's head (its actor has work before it) does one side wait
     for the other, without blocking its loop."""
-    copy = _Copy(src, binding, other, dst, stream)
-    sch, och = src._channel, other._channel
-    if sch.can_run_now() and och.can_run_now() and _peer_enabled(copy):
+    sch, och = copy.src._channel, copy.other._channel
+    if copy.enabled and sch.can_run_now() and och.can_run_now():
         sch.send(_whole, copy)
         return
     sch.send(_source_part, copy)
@@ -185,7 +211,9 @@ def _peer_copy(
 
 def _peer_enabled(copy: _Copy) -> bool:
     """True once the two devices reach each other (else a worker thread enables it)."""
-    return _peer_module().enable_peer_job(copy.src.server, copy.other.server) is None
+    if not copy.enabled:
+        copy.enabled = _peer_module().enable_peer_job(copy.src.server, copy.other.server) is None
+    return copy.enabled
 
 
 def _whole(copy: _Copy) -> None:
@@ -207,7 +235,7 @@ def _whole(copy: _Copy) -> None:
         return
     other._channel.activate()
     try:
-        copied = peer.import_copy(other.server, copy.dst, source, stream)
+        copied = peer.import_copy(other.server, copy.dst, source, stream, copy.created)
     except BaseException as exc:
         _fail_copy(other, copy.dst, stream, exc)
         src._channel.activate()
@@ -297,7 +325,9 @@ def _import(copy: _Copy) -> None:
         _fail_copy(other, copy.dst, copy.stream, _twin(copy.error))
         return
     try:
-        copied = _peer_module().import_copy(other.server, copy.dst, copy.source, copy.stream)
+        copied = _peer_module().import_copy(
+            other.server, copy.dst, copy.source, copy.stream, copy.created
+        )
     except BaseException as exc:
         _give_up(copy, exc)
         return

@@ -152,11 +152,15 @@ def export(server: CudaServer, binding: Binding, stream: StreamId) -> Export:
     return ptr, server.context.context, event, resolved.stream
 
 
-def import_copy(server: CudaServer, handle: Handle, source: Export, stream: StreamId) -> Any:
-    """The destination side: reserve ``handle``, wait for the source's event, copy;
-    return an event after the copy (actor, destination context current)."""
+def import_copy(
+    server: CudaServer, handle: Handle, source: Export, stream: StreamId, created: bool = False
+) -> Any:
+    """The destination side: reserve ``handle`` (unless ``created``: the one-call
+    allocation took it), wait for the source's event, copy; return an event after the
+    copy (actor, destination context current)."""
     ptr, ctx, event, _ = source
-    server.create([handle], stream)
+    if not created:
+        server.create([handle], stream)
     binding = handle.binding()
     resolved = server._streams.resolve(stream, [binding])
     d = cu()
