@@ -13,11 +13,13 @@ many launches the (shared) fake library had seen when it was issued.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fast_launch_scenario import (
+    ACTIVE,
     EMPTY,
     ComputeClient,
     ac,
@@ -40,15 +42,20 @@ class Pair:
         loop = asyncio.get_running_loop()
         self.src = ComputeClient(bench_overhead._server(), loop, batch_seconds=batch_seconds)
         self.dst = ComputeClient(bench_overhead._server(), loop, batch_seconds=batch_seconds)
-        self.copies: list[int] = []
-        """The launches the library had seen at each cuMemcpyPeerAsync."""
-        self.fail_copy = 0
+        self._copies: list[int] = []
+        """The twin's peer copies (through the Python fake): the launches made before each."""
+        self._fail = 0
         fake: Any = driver._module
         self._fake = fake
+        lib = bench_overhead_lib()
+        self._c_peers = ctypes.c_long.in_dll(lib, "fake_peers")
+        self._c_peers.value = 0
+        self._c_trace = (ctypes.c_long * 4096).in_dll(lib, "fake_peer_at")
+        self._c_fail = ctypes.c_int.in_dll(lib, "fake_fail_peer")
 
         def memcpy_peer(*args: Any) -> tuple[int]:
-            self.copies.append(self.launches())
-            return (self.fail_copy,)
+            self._copies.append(self.launches())
+            return (self._fail,)
 
         fake.cuMemcpyPeerAsync = memcpy_peer
         self.python_calls: dict[str, int] = {}
@@ -62,6 +69,21 @@ class Pair:
             return call(*args)
 
         return counted
+
+    @property
+    def copies(self) -> list[int]:
+        """The launches made before each peer copy (the compiled module's go to the C fake,
+        which traces them too)."""
+        return [*self._copies, *self._c_trace[: self._c_peers.value]]
+
+    @property
+    def fail_copy(self) -> int:
+        return self._fail
+
+    @fail_copy.setter
+    def fail_copy(self, err: int) -> None:
+        """Fail every peer copy with the CUresult ``err`` (0: they succeed)."""
+        self._fail = self._c_fail.value = err
 
     async def ready(self) -> Pair:
         self.h = self.src.create(bytes(range(256)) * (SIZE // 256))
@@ -79,7 +101,7 @@ class Pair:
         out = bench_overhead.c_calls(bench_overhead_lib())
         for name, n in self.python_calls.items():
             out[name] = out.get(name, 0) + n
-        return {**out, "cuMemcpyPeerAsync": len(self.copies)}
+        return {**out, "cuMemcpyPeerAsync": len(self.copies)}  # the C fake's counted here
 
     @staticmethod
     async def raised(what: Awaitable[Any]) -> BaseException:
@@ -129,6 +151,7 @@ async def peer_inline() -> None:
     assert [len(c._channel._pending) for c in (p.src, p.dst)] == pending, "futures made"
     assert not p.src._channel._queue and not p.dst._channel._queue, "commands queued"
     assert [c.server._events.created for c in (p.src, p.dst)] == made  # type: ignore[attr-defined]
+    assert bool(p._copies) == (ACTIVE == "python"), "the compiled module made the copy's call"
     assert len((await p.dst.read([copy]))[0]) == SIZE
     await p.close()
 
