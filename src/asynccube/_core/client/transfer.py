@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import copy as copy_module
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..channel.backend import shield
@@ -87,14 +88,28 @@ _STAGED, _ENABLE, _READY = "staged", "enable", "ready"
 enabled peer access between the two devices; a peer copy now."""
 
 
+_ready: dict[tuple[int, int], tuple[weakref.ref[Any], weakref.ref[Any]]] = {}
+"""Pairs of servers (by id, the servers' weak references beside) a peer copy is ready
+between: asked once (peer access, once on, stays on for these two server objects)."""
+
+
 def _route(src: ClientParts, dst: ClientParts) -> str:
     a, b = src._server, dst._server
+    key = (id(a), id(b))
+    known = _ready.get(key)
+    if known is not None and known[0]() is a and known[1]() is b:
+        return _READY
     if a.properties.kind != "cuda" or b.properties.kind != "cuda":
         return _STAGED
     peer = _peer_module()
     if not peer.can_copy(a, b):
         return _STAGED
-    return _READY if peer.enable_peer_job(a, b) is None else _ENABLE
+    if peer.enable_peer_job(a, b) is not None:
+        return _ENABLE
+    if len(_ready) >= 256:  # clients opened and closed by the hundred: start again
+        _ready.clear()
+    _ready[key] = (weakref.ref(a), weakref.ref(b))
+    return _READY
 
 
 def _fail(client: ClientParts, dst: Handle, stream: StreamId, exc: BaseException) -> None:
@@ -217,14 +232,14 @@ def _peer_enabled(copy: _Copy) -> bool:
 
 
 def _whole(copy: _Copy) -> None:
-    """The whole copy, each side's part with its device current: export on the source,
-    import and copy on the destination, finish on the source. Both actors are between
-    two commands (or the destination's awaits this copy), so both sides' order is kept;
-    a failure is held as each part holds it alone."""
+    """The whole copy, each side's part with its device current (the source's is, as
+    for each of its commands): export on the source, import and copy on the destination,
+    finish on the source. Both actors are between two commands (or the destination's
+    awaits this copy), so both sides' order is kept; a failure is held as each part holds
+    it alone."""
     peer = _peer_module()
     src, other, stream = copy.src, copy.other, copy.stream
     copy.phase = _DONE
-    src._channel.activate()
     try:
         source = peer.export(src.server, copy.binding, stream)
     except BaseException as exc:
@@ -290,6 +305,7 @@ def _dest_part(copy: _Copy) -> Any:
         _import(copy)
         return None
     if copy.phase == _NEW and _peer_enabled(copy) and copy.src._channel.claim(_source_part, copy):
+        copy.src._channel.activate()  # the source's part first
         _whole(copy)
         return None
     return _dest_waits(copy)
