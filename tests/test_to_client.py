@@ -283,3 +283,15 @@ async def test_peer_access_is_enabled_again_for_new_clients() -> None:
                 where.id = peer
                 flags = check(d.cuMemPoolGetAccess(pool, where))
                 assert flags == d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+
+
+@pytest.mark.cuda
+async def test_two_clients_of_one_gpu_share_its_context_object() -> None:
+    """Taking turns between two clients of one GPU makes no ``cuCtxSetCurrent`` (one
+    object per primary context), and copies between them in both directions hold the
+    bytes."""
+    async with ac.open_client("cuda:0") as a, ac.open_client("cuda:0") as b:
+        assert a.server.context.context is b.server.context.context  # type: ignore[attr-defined]
+        h = a.create(b"both ways")
+        back = b.to_client(a.to_client(h, b), a)
+        assert await a.read([back]) == [b"both ways"]
