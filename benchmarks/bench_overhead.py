@@ -13,7 +13,8 @@ call returns success at once:
 
 A launch with a grid of 777 blocks fails with ``CUDA_ERROR_INVALID_VALUE``, and every
 device-to-host copy fails with the library's ``fake_fail_dtoh`` while it is not 0 (the
-tests of ``tests/test_fast_launch.py`` use both). While the library's ``fake_pending`` is
+tests of ``tests/test_fast_launch.py`` use both); every peer copy with ``fake_fail_peer``
+(each notes the launches made so far in ``fake_peer_at``). While the library's ``fake_pending`` is
 not 0 the device is slower than the host: event and stream queries answer
 ``CUDA_ERROR_NOT_READY`` until a host function runs (the device reached it, so it passed
 everything before) or an event is waited for (``cuEventSynchronize``). Each entry point
@@ -64,6 +65,11 @@ int cuEventDestroy_v2(void *e) { return 0; }
 int cuCtxGetCurrent(void **c) { *c = (void *)1; return 0; } /* DeviceContext(0, 1, 1) */
 int cuCtxSetCurrent(void *c) { return 0; }
 int cuStreamQuery(void *s) { return fake_pending ? 600 : 0; }
+int fake_fail_peer = 0; /* set to a CUresult: every peer copy fails with it */
+long fake_peer_at[4096]; /* cuLaunchKernel's calls so far at each peer copy (a trace) */
+long fake_peers = 0;
+int cuMemcpyPeerAsync(u64 d, void *dc, u64 s, void *sc, unsigned long n, void *st)
+    { fake_peer_at[fake_peers++ % 4096] = fake_calls[0]; return fake_fail_peer; }
 int cuPointerGetAttributes(unsigned n, int *attrs, void **data, u64 ptr) {
     for (unsigned i = 0; i < n; ++i) *(unsigned *)data[i] = 0; /* not pinned */
     return 0;

@@ -69,6 +69,62 @@ def test_buffers_past_the_cache_limit_are_freed_without_hanging(
     assert len(fake.freed) == 4 and pool.cached == 0
 
 
+class _Handle:
+    """A driver handle as cuda.bindings gives it: a new object per call, its value by int()."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __int__(self) -> int:
+        return self.value
+
+
+class _FakeContexts:
+    """``cuDevicePrimaryCtxRetain`` returning a new object for the one primary context of
+    each device, as cuda.bindings does; counts ``cuCtxSetCurrent``."""
+
+    def __init__(self) -> None:
+        self.set_current = 0
+
+    def cuInit(self, flags: int) -> tuple[int]:
+        return (0,)
+
+    def cuDeviceGetCount(self) -> tuple[int, int]:
+        return 0, 2
+
+    def cuDeviceGet(self, ordinal: int) -> tuple[int, int]:
+        return 0, ordinal
+
+    def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple[int, _Handle]:
+        return 0, _Handle(0x7000 + dev)
+
+    def cuCtxSetCurrent(self, ctx: Any) -> tuple[int]:
+        self.set_current += 1
+        return (0,)
+
+
+def test_clients_of_one_gpu_share_its_context_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two opens of one device's primary context give one object (set_current and the
+    one-call routes compare objects): taking turns between them makes no
+    ``cuCtxSetCurrent``; another device's context still does."""
+    fake = _FakeContexts()
+    monkeypatch.setattr(driver, "_module", fake)
+    monkeypatch.setattr(driver, "_primary", {})
+    monkeypatch.setattr(driver, "_tls", __import__("threading").local())
+    a, b, other = (driver.DeviceContext.open(i) for i in (0, 0, 1))
+    assert a.context is b.context and other.context is not a.context
+    made = fake.set_current
+    for _ in range(3):
+        driver.set_current(a.context)
+        driver.set_current(b.context)
+    assert fake.set_current == made + 1  # only back from the other device's, once
+    driver.set_current(other.context)
+    assert fake.set_current == made + 2
+    driver.forget_primary(a.context)  # reset: the next open gets a new object
+    again = driver.DeviceContext.open(0)
+    assert again.context is not a.context and int(again.context) == int(a.context)
+
+
 def test_driver_available_never_raises() -> None:
     ok, reason = driver_available()
     assert isinstance(ok, bool)

@@ -1,7 +1,8 @@
 """The one-call routes (``cuda/fast.py``), compiled and pure-Python twin, without a
 GPU: their argument checks here, and the client -> CudaServer scenarios of
 ``fast_launch_scenario.py`` (launches, reads, syncs), ``fast_alloc_scenario.py``
-(allocations) and ``fast_expandable_scenario.py`` (the expandable pool) in processes
+(allocations), ``fast_expandable_scenario.py`` (the expandable pool) and
+``fast_peer_scenario.py`` (``to_client`` between two clients of one device) in processes
 of their own on the no-op driver of ``benchmarks/bench_overhead.py`` (a GPU runs the
 same routes in every CUDA test)."""
 
@@ -49,6 +50,10 @@ SCENARIOS = {
     ),
     "fast_expandable_scenario.py": (
         "expandable_taken", "expandable_grows_in_place", "expandable_cleanup_race",
+    ),
+    "fast_peer_scenario.py": (
+        "peer_inline", "peer_queued", "peer_busy_source", "peer_busy_dest", "peer_errors",
+        "peer_dead_dest",
     ),
 }  # fmt: skip
 

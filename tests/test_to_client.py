@@ -52,6 +52,26 @@ async def test_to_client_copies_and_orders_both_sides(a: str, b: str) -> None:
 
 
 @pytest.mark.parametrize(("a", "b"), PAIRS)
+async def test_a_batch_of_copies_past_the_budget_keeps_both_orders(a: str, b: str) -> None:
+    """Hundreds of ``to_client`` calls in a row (past the loop iteration's budget, so
+    most wait in both actors' queues and each actor runs the whole copy for the other):
+    each copy holds what the source's earlier work wrote and nothing of its later work,
+    and the destination's later work sees the copy."""
+    n, count = 1 << 10, 400
+    x = np.arange(n, dtype=np.float32)
+    async with ac.open_client(a) as src, ac.open_client(b) as dst:
+        h = src.create(x)
+        src.execute(SCALE, blocks(n), scale(h, 2.0, n))  # before: in every copy
+        copies = [src.to_client(h, dst) for _ in range(count)]
+        src.execute(SCALE, blocks(n), scale(h, 0.0, n))  # after: in none
+        dst.execute(SCALE, blocks(n), scale(copies[-1], 3.0, n))  # after the last copy
+        for copy in copies[:-1:37]:
+            np.testing.assert_array_equal(await dst.read_array(copy, np.float32), x * 2)
+        np.testing.assert_array_equal(await dst.read_array(copies[-1], np.float32), x * 6)
+        np.testing.assert_array_equal(await src.read_array(h, np.float32), np.zeros(n))
+
+
+@pytest.mark.parametrize(("a", "b"), PAIRS)
 async def test_source_buffer_lives_until_the_copy_ran(a: str, b: str) -> None:
     async with ac.open_client(a) as src, ac.open_client(b) as dst:
         n = 1 << 15
@@ -263,3 +283,15 @@ async def test_peer_access_is_enabled_again_for_new_clients() -> None:
                 where.id = peer
                 flags = check(d.cuMemPoolGetAccess(pool, where))
                 assert flags == d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+
+
+@pytest.mark.cuda
+async def test_two_clients_of_one_gpu_share_its_context_object() -> None:
+    """Taking turns between two clients of one GPU makes no ``cuCtxSetCurrent`` (one
+    object per primary context), and copies between them in both directions hold the
+    bytes."""
+    async with ac.open_client("cuda:0") as a, ac.open_client("cuda:0") as b:
+        assert a.server.context.context is b.server.context.context  # type: ignore[attr-defined]
+        h = a.create(b"both ways")
+        back = b.to_client(a.to_client(h, b), a)
+        assert await a.read([back]) == [b"both ways"]

@@ -225,6 +225,34 @@ class Channel(Settling):
         self._queue.append((op, args))
         self._wake()
 
+    def can_run_now(self) -> bool:
+        """True when a command :meth:`send` gets now runs at once, on the calling thread:
+        the actor sleeps, nothing is queued, no exclusive block is open, and the loop
+        iteration's budget lasts."""
+        return (
+            self._wakeup is not None
+            and not self._queue
+            and self._exclusive is None
+            and self._inline_budget()
+        )
+
+    def claim(self, op: Op, first: Any) -> bool:
+        """Take ``op(first, ...)`` out of the queue to run it now, for another client's
+        command of the same operation (``to_client``): True if it is the queue's head and
+        the actor is between two commands (asleep, woken, or yielding between two slices
+        of its batch; not awaiting a command's job), so that all this channel was sent
+        before it ran and nothing after it has. The caller runs it (this server's device
+        current); the server's batch ends with the loop iteration."""
+        queue = self._queue
+        if not queue or self._blocked or self._stop or self._exclusive is not None:
+            return False
+        head, args = queue[0]
+        if head is not op or not args or args[0] is not first:
+            return False
+        queue.popleft()
+        self.ran_inline()
+        return True
+
     def send_tracked(self, op: Op, mids: list[int], stream: Any, *args: Any) -> None:
         """:meth:`send` of ``op(stream, *args)``, a command of ``stream`` (a StreamId)
         binding the buffers ``mids`` (memory ids): with a footprint, it also runs at once

@@ -34,7 +34,7 @@ and a ``create``, is the read route then the create's), and the exports of a ten
 
     route: client.client.ComputeClient.to_client -> client.transfer.to_client
         -> client.transfer._peer_copy -> [channel.channel.Channel.send]
-        -> client.transfer._dest_side -> client.transfer._import -> cuda.peer.import_copy
+        -> client.transfer._whole -> cuda.peer.import_copy
     route: client.tensor.Tensor.__dlpack__ -> client.interop.export_dlpack
         -> client.interop._export_cuda -> cuda.interop.InteropOps.export_to_stream
         -> driver:cuStreamWaitEvent

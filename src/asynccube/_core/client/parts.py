@@ -23,6 +23,8 @@ class ClientParts(TensorClient, Protocol):
     they use."""
 
     _jobs: JobThread
+    _fast: Any
+    _server: ComputeServer
     _graph_registry: Any
     _memory: ClientMemory
     _movement: DataMovement

@@ -248,6 +248,25 @@ def device_properties(ordinal: int = 0) -> DeviceProperties:
     return DeviceProperties(name, "cuda", ALIGNMENT, total, extra)
 
 
+_primary: dict[int, Any] = {}
+"""The one wrapper object of each primary context (by its handle's value): each retain
+returns a new one, and :func:`set_current` (and the one-call routes' check that their
+context is current) compares objects, so two clients of one GPU taking turns on a loop
+would make a ``cuCtxSetCurrent`` at each turn (and the routes decline) for a context that
+is current already. A reset drops its entry (:func:`forget_primary`): the next client
+gets a new object, so every thread makes it current again."""
+
+
+def forget_primary(context: Any) -> None:
+    """``context`` (a primary context) was reset: the next retain gets a new object."""
+    try:
+        key = int(context)
+    except (TypeError, ValueError):
+        return
+    if _primary.get(key) is context:
+        del _primary[key]
+
+
 @dataclass(slots=True)
 class DeviceContext:
     """GPU ``ordinal``'s primary context, retained for as long as this object is open.
@@ -269,6 +288,7 @@ class DeviceContext:
         check(d.cuInit(0), "cuInit")
         dev = device_handle(ordinal)
         ctx = check(d.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+        ctx = _primary.setdefault(int(ctx), ctx)  # one object per context: see _primary
         out = cls(ordinal, dev, ctx)
         out.make_current()
         return out

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..host.worker import HostCompletion
-from .driver import cu, error_from
+from .driver import cu, error_from, forget_primary
 from .state import ServerCore
 
 __all__ = ["LifecycleOps"]
@@ -96,6 +96,7 @@ class LifecycleOps(ServerCore):
         if reset:
             steps += [self._memory.close, self._storage.close, self._gates.close]
             steps.append(lambda: d.cuDevicePrimaryCtxReset(self._ctx.device))
+            steps.append(lambda: forget_primary(self._ctx.context))
             steps.append(self._ctx.close)
         else:  # exports keep the device memory and the context; reads' pinned results too
             steps.append(lambda: self._exports.after_last(self._release_memory))

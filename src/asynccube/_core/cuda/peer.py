@@ -152,18 +152,24 @@ def export(server: CudaServer, binding: Binding, stream: StreamId) -> Export:
     return ptr, server.context.context, event, resolved.stream
 
 
-def import_copy(server: CudaServer, handle: Handle, source: Export, stream: StreamId) -> Any:
-    """The destination side: reserve ``handle``, wait for the source's event, copy;
-    return an event after the copy (actor, destination context current)."""
+def import_copy(
+    server: CudaServer, handle: Handle, source: Export, stream: StreamId, created: bool = False
+) -> Any:
+    """The destination side: reserve ``handle`` (unless ``created``: the one-call
+    allocation took it), wait for the source's event, copy; return an event after the
+    copy (actor, destination context current)."""
     ptr, ctx, event, _ = source
-    server.create([handle], stream)
+    if not created:
+        server.create([handle], stream)
     binding = handle.binding()
     resolved = server._streams.resolve(stream, [binding])
-    d = cu()
     _wait_event(resolved.stream, event, "cuStreamWaitEvent(peer)")
-    dst = server._ptr(binding)
-    res = d.cuMemcpyPeerAsync(dst, server.context.context, ptr, ctx, binding.size, resolved.stream)
-    check(res, "cuMemcpyPeerAsync")
+    dst, here, size = server._ptr(binding), server.context.context, binding.size
+    err = hot.memcpy_peer(dst, here, ptr, ctx, size, resolved.stream)
+    if err is None:  # a driver without the entry point the hot path looks up
+        err = cu().cuMemcpyPeerAsync(dst, here, ptr, ctx, size, resolved.stream)[0]
+    if err:
+        raise error_from(err, "cuMemcpyPeerAsync")
     return server._events.record(resolved.stream)
 
 

@@ -52,6 +52,7 @@ typedef struct {
     CUresult (*ctx_get)(CUh *);
     CUresult (*ctx_set)(CUh);
     CUresult (*stream_query)(CUh);
+    CUresult (*peer)(CUdeviceptr, CUh, CUdeviceptr, CUh, size_t, CUh); /* may be NULL */
 } CuDriver;
 
 extern CuDriver cu; /* the driver's entry points, filled by open_driver() */
@@ -95,6 +96,7 @@ PyObject *stream_wait_event(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *event_query(PyObject *self, PyObject *event);
 PyObject *stream_query(PyObject *self, PyObject *stream);
 PyObject *memcpy_async(PyObject *self, PyObject *const *a, Py_ssize_t n);
+PyObject *memcpy_peer(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *param_sizes(PyObject *self, PyObject *function);
 PyObject *is_pinned(PyObject *self, PyObject *address);
 PyObject *address(PyObject *self, PyObject *data);

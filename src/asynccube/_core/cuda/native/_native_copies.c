@@ -54,6 +54,23 @@ PyObject *memcpy_async(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     return PyLong_FromLong(err);
 }
 
+/* memcpy_peer(dst, dst_context, src, src_context, nbytes, stream) -> CUresult, or None
+ * where the driver has no cuMemcpyPeerAsync (the caller takes cuda.bindings' then) */
+PyObject *memcpy_peer(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    unsigned long long dst, dctx, src, sctx, stream;
+    size_t nbytes;
+    if (nargs_ok(n, 6, "memcpy_peer") < 0 || as_u64(a[0], "destination address", &dst) < 0 ||
+        as_handle(a[1], "destination context", &dctx) < 0 ||
+        as_u64(a[2], "source address", &src) < 0 ||
+        as_handle(a[3], "source context", &sctx) < 0 || as_size(a[4], "nbytes", &nbytes) < 0 ||
+        as_handle(a[5], "stream", &stream) < 0)
+        return NULL;
+    if (need_driver() < 0) return NULL;
+    if (cu.peer == NULL) Py_RETURN_NONE;
+    return PyLong_FromLong(cu.peer(dst, (CUh)(uintptr_t)dctx, src, (CUh)(uintptr_t)sctx, nbytes,
+                                   (CUh)(uintptr_t)stream));
+}
+
 PyObject *param_sizes(PyObject *self, PyObject *function) {
     unsigned long long fn;
     if (as_handle(function, "function", &fn) < 0) return NULL;

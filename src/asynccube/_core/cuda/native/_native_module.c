@@ -38,6 +38,7 @@ static PyObject *open_driver(PyObject *self, PyObject *unused) {
     RESOLVE(stream_query, "cuStreamQuery", 1);
     RESOLVE(param_count, "cuFuncGetParamCount", 0);
     RESOLVE(param_info, "cuFuncGetParamInfo", 0);
+    RESOLVE(peer, "cuMemcpyPeerAsync", 0);
     cu.lib = lib;
     Py_RETURN_NONE;
 }
@@ -62,6 +63,9 @@ static PyMethodDef methods[] = {
      "stream_wait_event(stream, event) -> CUresult"},
     {"memcpy_async", (PyCFunction)(void (*)(void))memcpy_async, METH_FASTCALL,
      "memcpy_async(to_device, device, host, nbytes, stream) -> CUresult"},
+    {"memcpy_peer", (PyCFunction)(void (*)(void))memcpy_peer, METH_FASTCALL,
+     "memcpy_peer(dst, dst_context, src, src_context, nbytes, stream) -> CUresult, or None "
+     "where the driver lacks cuMemcpyPeerAsync"},
     {"notify_close", (PyCFunction)(void (*)(void))notify_close, METH_FASTCALL,
      "notify_close(stream, fd) -> CUresult"},
     {"notify_spin", (PyCFunction)(void (*)(void))notify_spin, METH_FASTCALL,

@@ -29,7 +29,8 @@ from ._twin_notify import (
 
 __all__ = [
     "FastLaunch", "PackState", "address", "copy_into", "driver_open", "event_query", "event_record",
-    "is_pinned", "launch", "memcpy_async", "notify_close", "notify_drain", "notify_spin",
+    "is_pinned", "launch", "memcpy_async", "memcpy_peer", "notify_close", "notify_drain",
+    "notify_spin",
     "open_driver", "param_sizes", "stream_query", "stream_wait_event",
 ]  # fmt: skip
 
@@ -114,6 +115,20 @@ def memcpy_async(to_device: bool, device: int, host: int, nbytes: int, stream: A
         return _d.cuMemcpyDtoHAsync(host, device, nbytes, stream)[0]
     except Exception:
         _refuse([(device, "device address", 64), (host, "host address", 64),
+                 (nbytes, "nbytes", 64), (stream, "stream", 0)])  # fmt: skip
+        raise
+
+
+def memcpy_peer(
+    dst: int, dst_context: Any, src: int, src_context: Any, nbytes: int, stream: Any
+) -> Any:
+    """``cuMemcpyPeerAsync(dst, dst_context, src, src_context, nbytes, stream)`` (the
+    compiled module's None, for a driver without it, never comes from cuda.bindings)."""
+    try:
+        return _d.cuMemcpyPeerAsync(dst, dst_context, src, src_context, nbytes, stream)[0]
+    except Exception:
+        _refuse([(dst, "destination address", 64), (dst_context, "destination context", 0),
+                 (src, "source address", 64), (src_context, "source context", 0),
                  (nbytes, "nbytes", 64), (stream, "stream", 0)])  # fmt: skip
         raise
 

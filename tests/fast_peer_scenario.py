@@ -1,0 +1,295 @@
+"""Scenarios of ``to_client`` between two CUDA clients of one device (the peer path of
+``client/transfer.py``: ``cuMemcpyPeerAsync`` after an event) on the real client ->
+channel -> CudaServer path against the no-op driver of ``benchmarks/bench_overhead.py``.
+
+Run in its own process by ``tests/test_fast_launch.py``: ``python
+tests/fast_peer_scenario.py NAME``; prints ``ok NAME`` or raises.
+``ASYNCCUBE_NO_EXTENSIONS=1`` runs the same on the pure-Python twin.
+
+The order of what each client issues is traced at the driver: each peer copy notes how
+many launches the (shared) fake library had seen when it was issued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fast_launch_scenario import (
+    ACTIVE,
+    EMPTY,
+    ComputeClient,
+    ac,
+    bench_overhead,
+    bench_overhead_lib,
+    main,
+)
+
+SIZE = 4096
+TRACED = ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel")
+ONE, NOTHING = ac.CubeCount(1), ac.Bindings()
+
+
+class Pair:
+    """Two clients on two fake servers of one device, a source buffer, the driver traced."""
+
+    def __init__(self, batch_seconds: float = 1e-3) -> None:
+        from asynccube._core.cuda import driver
+
+        loop = asyncio.get_running_loop()
+        self.src = ComputeClient(bench_overhead._server(), loop, batch_seconds=batch_seconds)
+        self.dst = ComputeClient(bench_overhead._server(), loop, batch_seconds=batch_seconds)
+        self._copies: list[int] = []
+        """The twin's peer copies (through the Python fake): the launches made before each."""
+        self._fail = 0
+        fake: Any = driver._module
+        self._fake = fake
+        lib = bench_overhead_lib()
+        self._c_peers = ctypes.c_long.in_dll(lib, "fake_peers")
+        self._c_peers.value = 0
+        self._c_trace = (ctypes.c_long * 4096).in_dll(lib, "fake_peer_at")
+        self._c_fail = ctypes.c_int.in_dll(lib, "fake_fail_peer")
+
+        def memcpy_peer(*args: Any) -> tuple[int]:
+            self._copies.append(self.launches())
+            return (self._fail,)
+
+        fake.cuMemcpyPeerAsync = memcpy_peer
+        self.python_calls: dict[str, int] = {}
+        """The twin's calls through the Python fake (the compiled module's go to C)."""
+        for name in TRACED:
+            setattr(fake, name, self._counted(name, getattr(fake, name)))
+
+    def _counted(self, name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any) -> Any:
+            self.python_calls[name] = self.python_calls.get(name, 0) + 1
+            return call(*args)
+
+        return counted
+
+    @property
+    def copies(self) -> list[int]:
+        """The launches made before each peer copy (the compiled module's go to the C fake,
+        which traces them too)."""
+        return [*self._copies, *self._c_trace[: self._c_peers.value]]
+
+    @property
+    def fail_copy(self) -> int:
+        return self._fail
+
+    @fail_copy.setter
+    def fail_copy(self, err: int) -> None:
+        """Fail every peer copy with the CUresult ``err`` (0: they succeed)."""
+        self._fail = self._c_fail.value = err
+
+    async def ready(self) -> Pair:
+        self.h = self.src.create(bytes(range(256)) * (SIZE // 256))
+        for client in (self.src, self.dst):
+            client.execute(EMPTY, ONE, NOTHING)  # loaded, checked
+            await client.sync()
+        return self
+
+    def launches(self) -> int:
+        c_calls = bench_overhead.c_calls(bench_overhead_lib()).get("cuLaunchKernel", 0)
+        return c_calls + self.python_calls.get("cuLaunchKernel", 0)
+
+    def calls(self) -> dict[str, int]:
+        """The fake library's calls so far, with the Python driver's peer copies."""
+        out = bench_overhead.c_calls(bench_overhead_lib())
+        for name, n in self.python_calls.items():
+            out[name] = out.get(name, 0) + n
+        return {**out, "cuMemcpyPeerAsync": len(self.copies)}  # the C fake's counted here
+
+    @staticmethod
+    async def raised(what: Awaitable[Any]) -> BaseException:
+        """The error ``what`` raised (AssertionError if it raised none)."""
+        try:
+            await what
+        except ac.AsyncCubeError as exc:
+            return exc
+        raise AssertionError("no error was raised")
+
+    def untrace(self) -> None:
+        for name in ("cuMemcpyPeerAsync", *TRACED):
+            delattr(self._fake, name)
+
+    async def close(self) -> None:
+        self.untrace()
+        await self.src.close()
+        await self.dst.close()
+
+
+def fresh() -> ac.Kernel:
+    """A kernel not loaded yet: its first launch waits in the queue for a worker thread's
+    load (the actor awaits it: what is queued behind it waits)."""
+    name = f"fp_{uuid.uuid4().hex}"
+    return ac.Kernel(name, cuda=ac.CudaSource(f"// {name}\n" + bench_overhead.ADD, "empty_kernel"))
+
+
+def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+async def peer_inline() -> None:
+    """Both actors idle: one ``to_client`` issues the whole copy before it returns, with
+    the driver calls of the copy alone (an event after the source's work, the
+    destination's stream waits for it, the copy, an event after it, the source's stream
+    waits for that), makes no future, queues nothing, creates no event once warm."""
+    p = await Pair().ready()
+    p.src.to_client(p.h, p.dst)  # warm: the events pooled
+    await p.dst.sync()
+    await p.src.sync()
+    before, made = p.calls(), [c.server._events.created for c in (p.src, p.dst)]  # type: ignore[attr-defined]
+    pending = [len(c._channel._pending) for c in (p.src, p.dst)]
+    copy = p.src.to_client(p.h, p.dst)
+    got = diff(p.calls(), before)
+    want = {"cuEventRecord": 2, "cuStreamWaitEvent": 2, "cuMemcpyPeerAsync": 1}
+    assert got == want, got
+    assert [len(c._channel._pending) for c in (p.src, p.dst)] == pending, "futures made"
+    assert not p.src._channel._queue and not p.dst._channel._queue, "commands queued"
+    assert [c.server._events.created for c in (p.src, p.dst)] == made  # type: ignore[attr-defined]
+    assert bool(p._copies) == (ACTIVE == "python"), "the compiled module made the copy's call"
+    assert len((await p.dst.read([copy]))[0]) == SIZE
+    await p.close()
+
+
+async def peer_queued() -> None:
+    """Copies sent past the iteration's budget (both actors have work queued) cost each
+    the same driver calls, and no actor waits for the other's: whichever command runs
+    first takes the other's from the head of its queue and does the whole copy, so the
+    actors drain them in slices of the budget (1 ms), not a loop round trip per copy."""
+    p = await Pair().ready()
+    n = 1000
+    p.src.to_client(p.h, p.dst)
+    await p.dst.sync()
+    before = p.calls()
+    copies = [p.src.to_client(p.h, p.dst) for _ in range(n)]
+    assert p.src._channel._queue or p.dst._channel._queue, "nothing was queued"
+    iterations = 0
+    done = False
+
+    def tick() -> None:
+        nonlocal iterations
+        iterations += 1
+        if not done:
+            asyncio.get_running_loop().call_soon(tick)
+
+    tick()
+    await p.dst.sync()
+    done = True
+    got = diff(p.calls(), before)
+    assert got.get("cuMemcpyPeerAsync") == n, got
+    assert got.get("cuStreamWaitEvent", 0) == 2 * n, got
+    assert iterations < n // 10, f"{iterations} loop iterations for {n} queued copies"
+    for h in copies[:: n // 4]:
+        assert len((await p.dst.read([h]))[0]) == SIZE
+    await p.close()
+
+
+async def peer_busy_source() -> None:
+    """The source's actor awaits a kernel's load when ``to_client`` is called: the copy
+    is issued after that launch (it sees the source's earlier work), the destination's
+    later work after the copy, and nothing blocks the loop meanwhile."""
+    p = await Pair().ready()
+    base = p.launches()
+    p.src.execute(fresh(), ONE, NOTHING)  # the source's earlier work, behind its load
+    copy = p.src.to_client(p.h, p.dst)
+    p.dst.execute(EMPTY, ONE, NOTHING)  # the destination's later work
+    assert not p.copies and p.launches() == base, "issued before the source's work"
+    assert len((await p.dst.read([copy]))[0]) == SIZE
+    await p.src.sync()
+    assert p.copies == [base + 1], (p.copies, base)
+    assert p.launches() == base + 2
+    await p.close()
+
+
+async def peer_busy_dest() -> None:
+    """The destination's actor awaits a kernel's load when ``to_client`` is called: the
+    source exports at once and waits (its later work stays behind the copy); the copy is
+    issued after the destination's earlier launch, and the source's later launch after
+    the copy."""
+    p = await Pair().ready()
+    base = p.launches()
+    p.dst.execute(fresh(), ONE, NOTHING)  # the destination's earlier work
+    copy = p.src.to_client(p.h, p.dst)
+    p.src.execute(EMPTY, ONE, NOTHING)  # the source's later work: after the copy
+    assert not p.copies and p.launches() == base
+    assert len((await p.dst.read([copy]))[0]) == SIZE
+    await p.src.sync()
+    assert p.copies == [base + 1], (p.copies, base)
+    assert p.launches() == base + 2
+    await p.close()
+
+
+async def peer_errors() -> None:
+    """A copy the driver refuses, and a failed export: held for the calling task's stream
+    (on the destination; the export's on the source too), the new handle carries the
+    failure, the source's events go back, and both clients keep serving, inline or
+    queued."""
+    for batch in (1e-3, 1e-6):
+        p = await Pair(batch_seconds=batch).ready()
+        events = len(p.src.server._events._free)  # type: ignore[attr-defined]
+        p.fail_copy = 1  # CUDA_ERROR_INVALID_VALUE
+        bad = [p.src.to_client(p.h, p.dst) for _ in range(3)]
+        for _ in range(1000):  # queued ones are issued by the actors
+            if len(p.copies) >= 3:
+                break
+            await asyncio.sleep(0)
+        p.fail_copy = 0
+        for h in bad:
+            exc = await p.raised(p.dst.read([h]))
+            assert "cuMemcpyPeerAsync" in str(exc), exc
+        await p.src.sync()
+        assert len(p.src.server._events._free) == max(events, 1), "an event was lost"  # type: ignore[attr-defined]
+
+        from asynccube._core.cuda import peer
+
+        def refuse(*args: Any) -> Any:
+            raise ac.DeviceError("export refused (the scenario's)")
+
+        export, peer.export = peer.export, refuse  # type: ignore[assignment]
+        try:
+            failed = p.src.to_client(p.h, p.dst)
+        finally:
+            peer.export = export  # type: ignore[assignment]
+        for side, what in (("source", p.src.sync()), ("destination", p.dst.read([failed]))):
+            exc = await p.raised(what)
+            assert isinstance(exc, ac.DeviceError) and "export refused" in str(exc), (side, exc)
+        good = p.src.to_client(p.h, p.dst)
+        assert len((await p.dst.read([good]))[0]) == SIZE
+        await p.close()
+
+
+async def peer_dead_dest() -> None:
+    """The destination's actor dies with copies queued and the source waiting on one:
+    the source's commands end (its events back), it keeps serving, nothing hangs."""
+    p = await Pair().ready()
+    p.dst.execute(fresh(), ONE, NOTHING)  # the destination busy: the source waits
+    copies = [p.src.to_client(p.h, p.dst) for _ in range(3)]
+    p.dst._channel.kill_for_test(RuntimeError("boom"))
+    await asyncio.wait_for(p.src.sync(), 10)
+    try:
+        await p.dst.read([copies[0]])
+    except ac.ClientDeadError:
+        pass
+    else:
+        raise AssertionError("a dead client read")
+    h = p.src.create(bytes(8))
+    assert await p.src.read([h]) == [bytes(8)]
+    p.untrace()
+    await p.src.close()
+    await p.dst.close()
+
+
+SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
+    f.__name__: f
+    for f in (peer_inline, peer_queued, peer_busy_source, peer_busy_dest, peer_errors,
+              peer_dead_dest)
+}  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(SCENARIOS)
