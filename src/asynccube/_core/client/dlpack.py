@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 DLPACK_VERSION = (1, 1)
+_MAJOR, _MINOR = DLPACK_VERSION
 _CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
 
 
@@ -89,6 +90,9 @@ def live_exports() -> int:
 
 def dtype_code(dtype: np.dtype[Any]) -> tuple[int, int]:
     """DLPack ``(code, bits)`` of a numpy dtype, or DLPackError if it has none."""
+    known = _DTYPE_CODES.get(dtype)
+    if known is not None:
+        return known
     code = _CODES.get(dtype.kind)
     if code is None or dtype.byteorder == ">" or dtype.hasobject:
         raise DLPackError(
@@ -96,7 +100,12 @@ def dtype_code(dtype: np.dtype[Any]) -> tuple[int, int]:
             "float and complex in native byte order; read the tensor with "
             "`await client.read_array(tensor)` instead"
         )
-    return code, dtype.itemsize * 8
+    known = _DTYPE_CODES[dtype] = (code, dtype.itemsize * 8)
+    return known
+
+
+_DTYPE_CODES: dict[np.dtype[Any], tuple[int, int]] = {}
+"""The codes :func:`dtype_code` found (an export asks once per capsule)."""
 
 
 def _release(address: int) -> None:
@@ -135,7 +144,6 @@ def _on_capsule_freed(capsule: int) -> None:
 _destructor = _DESTRUCTOR(_on_capsule_freed)
 
 
-_formats: dict[tuple[bool, int], struct.Struct] = {}
 _TENSOR_FMT = struct.Struct("=Qiii BBH QQQ")
 """A ``DLTensor``: data, device (type, id), ndim, dtype (code, bits, lanes), the shape
 and strides pointers, byte_offset (48 bytes)."""
@@ -149,13 +157,19 @@ def _format(versioned: bool, ndim: int) -> struct.Struct:
     """The bytes of a managed struct with its shape and strides after it (native byte
     order; the fields fall on the offsets of ``dlpack.h``'s structs, checked by the
     tests against the ctypes definitions above)."""
+    return _layout(versioned, ndim)[0]
+
+
+def _layout(versioned: bool, ndim: int) -> tuple[struct.Struct, Any]:
+    """:func:`_format`'s struct and the ctypes array type of its size, made once."""
     key = (versioned, ndim)
-    fmt = _formats.get(key)
-    if fmt is None:
+    layout = _formats.get(key)
+    if layout is None:
         tensor = "Qiii BBH QQQ"  # data, device, ndim, dtype, shape, strides, byte_offset
         text = f"II QQQ {tensor}" if versioned else f"{tensor} QQ"
-        fmt = _formats[key] = struct.Struct(f"={text} {ndim}q {ndim}q")
-    return fmt
+        fmt = struct.Struct(f"={text} {ndim}q {ndim}q")
+        layout = _formats[key] = (fmt, ctypes.c_char * fmt.size)
+    return layout
 
 
 def make_capsule(
@@ -173,19 +187,26 @@ def make_capsule(
     ctypes buffer filled by one ``struct.pack_into``."""
     code, bits = dtype_code(dtype)
     ndim = len(shape)
-    fmt = _format(versioned, ndim)
-    buf = (ctypes.c_char * fmt.size)()
-    key = ctypes.addressof(buf)
-    head = 80 if versioned else 64
-    dims, steps = key + head, key + head + 8 * ndim
-    tensor = (address, device[0], device[1], ndim, code, bits, 1, dims, steps, 0)
+    fmt, array_type = _layout(versioned, ndim)
+    buf = array_type()
+    key = _addressof(buf)
     if versioned:
-        fmt.pack_into(buf, 0, *DLPACK_VERSION, 0, _DELETER_ADDRESS, 0, *tensor, *shape, *strides)
+        dims = key + 80
+        fmt.pack_into(buf, 0, _MAJOR, _MINOR, 0, _DELETER_ADDRESS, 0, address, device[0], device[1],
+                      ndim, code, bits, 1, dims, dims + 8 * ndim, 0, *shape, *strides)  # fmt: skip
+        name = _NAME_VERSIONED
     else:
-        fmt.pack_into(buf, 0, *tensor, 0, _DELETER_ADDRESS, *shape, *strides)
+        dims = key + 64
+        fmt.pack_into(buf, 0, address, device[0], device[1], ndim, code, bits, 1, dims,
+                      dims + 8 * ndim, 0, 0, _DELETER_ADDRESS, *shape, *strides)  # fmt: skip
+        name = _NAME
     with _lock:
         _exports[key] = (buf, owner)
-    return _capsule_new(key, _NAME_VERSIONED if versioned else _NAME, _destructor)
+    return _capsule_new(key, name, _destructor)
+
+
+_addressof = ctypes.addressof
+_formats: dict[tuple[bool, int], tuple[struct.Struct, Any]] = {}
 
 
 _USED = b"used_dltensor"
@@ -196,6 +217,36 @@ _DTYPES = {(0, 8): "i1", (0, 16): "i2", (0, 32): "i4", (0, 64): "i8",
            (1, 8): "u1", (1, 16): "u2", (1, 32): "u4", (1, 64): "u8",
            (2, 16): "f2", (2, 32): "f4", (2, 64): "f8",
            (5, 64): "c8", (5, 128): "c16", (6, 8): "?"}  # fmt: skip
+
+
+_string_at: Any = getattr(ctypes, "_string_at", ctypes.string_at)
+"""``ctypes.string_at`` without its Python-level wrapper (a call less per read)."""
+_VERSIONED_FMT = struct.Struct("=II QQQ Qiii BBH QQQ")
+"""A versioned struct's head and its ``DLTensor`` (80 bytes)."""
+_PLAIN_FMT = struct.Struct("=Qiii BBH QQQ QQ")
+"""A plain struct: its ``DLTensor``, manager_ctx and deleter (64 bytes)."""
+_int_formats: dict[int, struct.Struct] = {}
+_dtypes: dict[tuple[int, int, int], np.dtype[Any]] = {}
+
+
+def _ints_format(count: int) -> struct.Struct:
+    """``count`` native int64s, the struct made once per count."""
+    fmt = _int_formats.get(count)
+    if fmt is None:
+        fmt = _int_formats[count] = struct.Struct(f"={count}q")
+    return fmt
+
+
+def _dtype_of(code: int, bits: int, lanes: int) -> np.dtype[Any] | None:
+    """The numpy dtype of a DLPack ``(code, bits, lanes)``, None where none matches."""
+    key = (code, bits, lanes)
+    dtype = _dtypes.get(key)
+    if dtype is None:
+        name = _DTYPES.get((code, bits)) if lanes == 1 else None
+        if name is None:
+            return None
+        dtype = _dtypes[key] = np.dtype(name)
+    return dtype
 
 
 class Imported:
@@ -225,32 +276,49 @@ class Imported:
             raise DLPackError("__dlpack__ returned no unconsumed DLPack capsule")
         name = _NAME_VERSIONED if versioned else _NAME
         self._managed = managed = _capsule_pointer(id(capsule), name)
-        if versioned:
-            _, _, _, deleter, flags = _VERSIONED_HEAD_FMT.unpack(ctypes.string_at(managed, 32))
-            tensor = managed + 32
+        if versioned:  # the head and the DLTensor after it, read at once
+            _, _, _, deleter, flags, *tensor = _VERSIONED_FMT.unpack(_string_at(managed, 80))
         else:
-            _, deleter = _PLAIN_TAIL_FMT.unpack(ctypes.string_at(managed + 48, 16))
-            flags, tensor = 0, managed
+            *tensor, _, deleter = _PLAIN_FMT.unpack(_string_at(managed, 64))
+            flags = 0
         self._deleter = deleter
         self.source = source
         self.read_only = bool(flags & _READ_ONLY)
         self.copied = bool(flags & _IS_COPIED)
         _capsule_set_name(capsule, _USED_VERSIONED if versioned else _USED)
-        self._describe(tensor)
+        self._describe(*tensor)
 
-    def _describe(self, tensor: int) -> None:
-        data, kind, index, ndim, code, bits, lanes, dims, steps, offset = _TENSOR_FMT.unpack(
-            ctypes.string_at(tensor, _TENSOR_FMT.size)
-        )
+    def _describe(
+        self,
+        data: int,
+        kind: int,
+        index: int,
+        ndim: int,
+        code: int,
+        bits: int,
+        lanes: int,
+        dims: int,
+        steps: int,
+        offset: int,
+    ) -> None:
+        """The fields of the consumed ``DLTensor`` (its shape and strides read at once
+        where they lie one after the other, as most producers lay them out)."""
         self.address = data + offset
         self.device = (kind, index)
-        self.shape = struct.unpack(f"={ndim}q", ctypes.string_at(dims, 8 * ndim)) if ndim else ()
-        if steps:
-            self.strides = struct.unpack(f"={ndim}q", ctypes.string_at(steps, 8 * ndim))
+        self.shape: tuple[int, ...]
+        self.strides: tuple[int, ...]
+        if not ndim:
+            self.shape = self.strides = ()
+        elif steps == dims + 8 * ndim:
+            both = _ints_format(2 * ndim).unpack(_string_at(dims, 16 * ndim))
+            self.shape, self.strides = both[:ndim], both[ndim:]
         else:
-            self.strides = contiguous_strides(self.shape)
-        name = _DTYPES.get((code, bits)) if lanes == 1 else None
-        self.dtype = None if name is None else np.dtype(name)
+            self.shape = _ints_format(ndim).unpack(_string_at(dims, 8 * ndim))
+            if steps:
+                self.strides = _ints_format(ndim).unpack(_string_at(steps, 8 * ndim))
+            else:
+                self.strides = contiguous_strides(self.shape)
+        self.dtype = _dtype_of(code, bits, lanes)
         self.type_code = (code, bits, lanes)
 
     def array(self) -> Any:
@@ -267,6 +335,20 @@ class Imported:
             "typestr": self.dtype.str,
             "descr": self.dtype.descr,
             "strides": tuple(s * itemsize for s in self.strides),
+            "data": (self.address, False),
+        }
+        return np.asarray(_Interface(self, interface))
+
+    def flat(self, nbytes: int) -> Any:
+        """A writable ``uint8`` array over the first ``nbytes`` bytes of the memory
+        (kDLCPU; C-contiguous memory, so these are all its elements), based on this
+        object as :meth:`array`'s is."""
+        if not nbytes:
+            return np.empty(0, np.uint8)
+        interface = {
+            "version": 3,
+            "shape": (nbytes,),
+            "typestr": "|u1",
             "data": (self.address, False),
         }
         return np.asarray(_Interface(self, interface))
