@@ -356,7 +356,22 @@ class Imported:
     def __del__(self) -> None:
         managed, self._managed = getattr(self, "_managed", None), None
         if managed and self._deleter:
-            _DELETER(self._deleter)(managed)
+            _deleter_at(self._deleter)(managed)
+
+
+def _deleter_at(address: int) -> Any:
+    """A callable for the producer's deleter at ``address``, made once per address (a
+    producer has one deleter, or a few)."""
+    function = _deleters.get(address)
+    if function is None:
+        if len(_deleters) >= _MAX_DELETERS:
+            _deleters.clear()
+        function = _deleters[address] = _DELETER(address)
+    return function
+
+
+_deleters: dict[int, Any] = {}
+_MAX_DELETERS = 64
 
 
 class _Interface:
@@ -375,11 +390,11 @@ def take_capsule(obj: Any, stream: int | None, copy: bool | None = None) -> Impo
     the producer to order its work before; ``copy``: passed on when not None) and
     consume it. A producer of DLPack < 1.0 takes neither ``max_version`` nor ``copy``:
     it is asked for its legacy capsule, except for a copy (TypeError then)."""
-    kwargs: dict[str, Any] = {"stream": stream, "max_version": DLPACK_VERSION}
-    if copy is not None:
-        kwargs["copy"] = copy
     try:
-        capsule = obj.__dlpack__(**kwargs)
+        if copy is None:
+            capsule = obj.__dlpack__(stream=stream, max_version=DLPACK_VERSION)
+        else:
+            capsule = obj.__dlpack__(stream=stream, max_version=DLPACK_VERSION, copy=copy)
     except TypeError:  # a producer of DLPack < 1.0 takes no max_version
         if copy is not None:
             raise

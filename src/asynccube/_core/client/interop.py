@@ -479,16 +479,18 @@ def _take(obj: Any, stream: int | None, copy: Any) -> Imported:
 def _unshareable(obj: Any, imported: Imported) -> str | None:
     """Why asynccube cannot work on the memory ``imported`` describes in place (None:
     it can); a dtype no tensor can have is refused at once."""
-    name = type(obj).__name__
     if imported.dtype is None:
-        raise DLPackError(f"{name}: DLPack dtype (code, bits, lanes) {imported.type_code} "
-                          "cannot be expressed in a Tensor")  # fmt: skip
+        raise DLPackError(f"{type(obj).__name__}: DLPack dtype (code, bits, lanes) "
+                          f"{imported.type_code} cannot be expressed in a Tensor")  # fmt: skip
     if imported.read_only:
-        return f"{name} is read-only; asynccube kernels may write to any buffer"
-    if imported.strides != contiguous_strides(imported.shape) and 0 not in imported.shape:
+        return f"{type(obj).__name__} is read-only; asynccube kernels may write to any buffer"
+    shape, strides = imported.shape, imported.strides
+    if len(shape) == 1 and strides == (1,):  # the common case, seen at once
+        return None
+    if strides != contiguous_strides(shape) and 0 not in shape:
         return (
-            f"{name} is not C-contiguous (strides {imported.strides} for shape "
-            f"{imported.shape}); import a contiguous one (e.g. .contiguous())"
+            f"{type(obj).__name__} is not C-contiguous (strides {strides} for shape "
+            f"{shape}); import a contiguous one (e.g. .contiguous())"
         )
     return None
 

@@ -44,8 +44,8 @@ class Tensor:
     ) -> None:
         self._client = None if client is None else weakref.ref(client)
         self.handle = handle
-        self.shape = tuple(int(d) for d in shape)  # numpy integers become ints
-        self.strides = tuple(int(s) for s in strides)
+        self.shape = tuple(map(int, shape))  # numpy integers become ints
+        self.strides = tuple(map(int, strides))
         self.dtype = np.dtype(dtype)
 
     def __repr__(self) -> str:
