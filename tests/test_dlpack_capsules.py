@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -129,3 +129,92 @@ def test_the_packed_structs_match_dlpack_h() -> None:
         extra = 16 * ndim
         assert dlpack._format(True, ndim).size == ctypes.sizeof(dlpack._ManagedVersioned) + extra
         assert dlpack._format(False, ndim).size == ctypes.sizeof(dlpack._Managed) + extra
+    assert dlpack._VERSIONED_FMT.size == ctypes.sizeof(dlpack._ManagedVersioned)
+    assert dlpack._PLAIN_FMT.size == ctypes.sizeof(dlpack._Managed)
+
+
+class _HandMade:
+    """A legacy producer laying out its ``DLTensor`` by hand, its strides where it
+    likes them: ``"apart"`` (an array of their own), ``"before"`` (just before the
+    shape, in one array), ``"after"`` (just after it) or ``"null"`` (contiguous)."""
+
+    calls: ClassVar[list[int]] = []
+
+    def __init__(self, array: np.ndarray[Any, Any], strides_at: str) -> None:
+        import ctypes
+
+        from asynccube._core.client import dlpack
+
+        self.array = array
+        shape, steps = array.shape, tuple(s // array.itemsize for s in array.strides)
+        ndim = len(shape)
+        managed = dlpack._Managed()
+        tensor = managed.dl_tensor
+        tensor.data = array.ctypes.data
+        tensor.device = dlpack._Device(1, 0)
+        tensor.ndim = ndim
+        tensor.dtype = dlpack._DataType(*dlpack.dtype_code(array.dtype), 1)
+        both = (ctypes.c_int64 * (2 * ndim))()
+        dims_at, steps_at = ctypes.addressof(both), ctypes.addressof(both) + 8 * ndim
+        if strides_at == "before":
+            dims_at, steps_at = steps_at, dims_at
+        apart = (ctypes.c_int64 * ndim)(*steps)
+        ctypes.memmove(dims_at, (ctypes.c_int64 * ndim)(*shape), 8 * ndim)
+        if strides_at == "apart":
+            steps_at = ctypes.addressof(apart)
+        elif strides_at != "null":
+            ctypes.memmove(steps_at, (ctypes.c_int64 * ndim)(*steps), 8 * ndim)
+        tensor.shape = ctypes.cast(dims_at, ctypes.POINTER(ctypes.c_int64))
+        tensor.strides = ctypes.cast(
+            None if strides_at == "null" else steps_at, ctypes.POINTER(ctypes.c_int64)
+        )
+        managed.deleter = _HAND_MADE_DELETER
+        self.keep = (managed, both, apart)
+
+    def __dlpack__(self, *, stream: Any = None) -> Any:
+        import ctypes
+
+        from asynccube._core.client import dlpack
+
+        address = ctypes.addressof(self.keep[0])
+        return dlpack._capsule_new(address, b"dltensor", dlpack._DESTRUCTOR())
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+def _hand_made_deleter(managed: int) -> None:
+    _HandMade.calls.append(managed)
+
+
+def _deleter_type() -> Any:
+    from asynccube._core.client import dlpack
+
+    return dlpack._DELETER(_hand_made_deleter)
+
+
+_HAND_MADE_DELETER = _deleter_type()
+
+
+@pytest.mark.parametrize("strides_at", ["apart", "before", "after", "null"])
+def test_take_capsule_reads_shape_and_strides_wherever_they_lie(strides_at: str) -> None:
+    """Shape and strides are read at once where they lie one after the other, apart
+    otherwise; the producer's deleter runs once per consumed capsule."""
+    base = np.arange(24, dtype=np.int16).reshape(2, 3, 4)
+    array = base if strides_at == "null" else base[:, ::2, 1:]
+    producer = _HandMade(array, strides_at)
+    _HandMade.calls.clear()
+    for _ in range(3):
+        imported = take_capsule(producer, None)
+        assert imported.shape == array.shape and imported.dtype == np.int16
+        assert imported.strides == tuple(s // 2 for s in array.strides)
+        np.testing.assert_array_equal(imported.array(), array)
+        del imported
+        gc.collect()
+    assert _HandMade.calls == [ctypes_address(producer.keep[0])] * 3
+
+
+def ctypes_address(obj: Any) -> int:
+    import ctypes
+
+    return ctypes.addressof(obj)
