@@ -177,7 +177,7 @@ class _HandMade:
         from asynccube._core.client import dlpack
 
         address = ctypes.addressof(self.keep[0])
-        return dlpack._capsule_new(address, b"dltensor", dlpack._DESTRUCTOR())
+        return dlpack._capsule_new(address, b"dltensor", _HAND_MADE_DESTRUCTOR)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)
@@ -196,8 +196,39 @@ def _deleter_type() -> Any:
 _HAND_MADE_DELETER = _deleter_type()
 
 
+def _hand_made_destructor(capsule: int) -> None:
+    """A capsule nobody consumed calls its deleter (what producers do)."""
+    from asynccube._core.client import dlpack
+
+    if dlpack._capsule_is_valid(capsule, b"dltensor"):
+        _hand_made_deleter(dlpack._capsule_pointer(capsule, b"dltensor"))
+
+
+def _destructor_type() -> Any:
+    from asynccube._core.client import dlpack
+
+    return dlpack._DESTRUCTOR(_hand_made_destructor)
+
+
+_HAND_MADE_DESTRUCTOR = _destructor_type()
+
+
+@pytest.fixture(params=["native", "python"])
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each capsule reader: the compiled one (``_native_dlpack.c``) and its twin."""
+    from asynccube._core.client import dlpack
+
+    if request.param == "python":
+        monkeypatch.setattr(dlpack, "_NATIVE", None)
+    elif dlpack._NATIVE is None:
+        pytest.skip(f"the compiled capsule reader is not in use: {dlpack.NATIVE_REASON}")
+    return str(request.param)
+
+
 @pytest.mark.parametrize("strides_at", ["apart", "before", "after", "null"])
-def test_take_capsule_reads_shape_and_strides_wherever_they_lie(strides_at: str) -> None:
+def test_take_capsule_reads_shape_and_strides_wherever_they_lie(
+    strides_at: str, reader: str
+) -> None:
     """Shape and strides are read at once where they lie one after the other, apart
     otherwise; the producer's deleter runs once per consumed capsule."""
     base = np.arange(24, dtype=np.int16).reshape(2, 3, 4)
@@ -218,3 +249,21 @@ def ctypes_address(obj: Any) -> int:
     import ctypes
 
     return ctypes.addressof(obj)
+
+
+@pytest.mark.asyncio
+async def test_a_negative_ndim_is_a_dlpack_error(
+    host_client: ac.ComputeClient, reader: str
+) -> None:
+    """A producer's DLTensor with ndim < 0 is refused as a DLPackError at the call
+    (it was a bare struct.error), its deleter run once (by the reader, or by the
+    capsule left unconsumed), the client still serving."""
+    producer = _HandMade(np.arange(4, dtype=np.int16), "after")
+    producer.keep[0].dl_tensor.ndim = -1
+    _HandMade.calls.clear()
+    with pytest.raises(ac.DLPackError, match="ndim -1"):
+        host_client.from_dlpack(producer)
+    gc.collect()
+    assert _HandMade.calls == [ctypes_address(producer.keep[0])]
+    t = host_client.from_dlpack(np.arange(3, dtype=np.int16))
+    assert (await host_client.read_array(t)).tolist() == [0, 1, 2]

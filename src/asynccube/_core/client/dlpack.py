@@ -6,6 +6,11 @@ capsule (a ``DLManagedTensor``) or, when the consumer allows version 1, a
 ``owner`` is kept in a registry until the consumer calls the deleter, or until the
 capsule is destroyed unconsumed; that is what keeps the exported buffer alive. The
 deleter may run on any thread the consumer frees from; it only drops the reference.
+
+:class:`Imported` consumes a producer's capsule: read, renamed and its deleter called
+once the memory is no longer used, in one compiled call each where the extension
+``_native_dlpack.c`` imports (and ``ASYNCCUBE_NO_EXTENSIONS`` is not set), else through
+ctypes (its pure-Python twin, the same fields read the same way).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DLPackError
+from ..extensions import compiled
 from ..server.layout import contiguous_strides
 
 __all__ = [
@@ -249,6 +255,11 @@ def _dtype_of(code: int, bits: int, lanes: int) -> np.dtype[Any] | None:
     return dtype
 
 
+_NATIVE, NATIVE_REASON = compiled("asynccube._core.client._native_dlpack")
+"""The compiled capsule reader (``_native_dlpack.c``), or None: :class:`Imported` then
+reads capsules through ctypes (its pure-Python twin); ``NATIVE_REASON`` says why."""
+
+
 class Imported:
     """What a consumed capsule described, and the owner of its memory: calls the
     producer's deleter when dropped (so keep it while the memory is in use).
@@ -270,7 +281,14 @@ class Imported:
     last of them is gone.
     """
 
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
     def __init__(self, capsule: Any, source: Any) -> None:
+        self.source = source
+        if _NATIVE is not None:
+            self._consume_native(capsule)
+            return
         versioned = bool(_capsule_is_valid(id(capsule), _NAME_VERSIONED))
         if not versioned and not _capsule_is_valid(id(capsule), _NAME):
             raise DLPackError("__dlpack__ returned no unconsumed DLPack capsule")
@@ -282,11 +300,28 @@ class Imported:
             *tensor, _, deleter = _PLAIN_FMT.unpack(_string_at(managed, 64))
             flags = 0
         self._deleter = deleter
-        self.source = source
         self.read_only = bool(flags & _READ_ONLY)
         self.copied = bool(flags & _IS_COPIED)
         _capsule_set_name(capsule, _USED_VERSIONED if versioned else _USED)
         self._describe(*tensor)
+
+    def _consume_native(self, capsule: Any) -> None:
+        """:meth:`__init__` through the compiled reader (``_native_dlpack.c``): one
+        call reads the struct and consumes the capsule."""
+        assert _NATIVE is not None
+        fields = _NATIVE.consume(capsule)
+        if fields is None:
+            raise DLPackError("__dlpack__ returned no unconsumed DLPack capsule")
+        managed, deleter, flags, address, kind, index, code, bits, lanes, shape, strides, _ = fields
+        self._managed, self._deleter = managed, deleter
+        self.read_only = bool(flags & _READ_ONLY)
+        self.copied = bool(flags & _IS_COPIED)
+        self.address = address
+        self.device = (kind, index)
+        self.shape = shape
+        self.strides = contiguous_strides(shape) if strides is None else strides
+        self.dtype = _dtype_of(code, bits, lanes)
+        self.type_code = (code, bits, lanes)
 
     def _describe(
         self,
@@ -305,8 +340,8 @@ class Imported:
         where they lie one after the other, as most producers lay them out)."""
         self.address = data + offset
         self.device = (kind, index)
-        self.shape: tuple[int, ...]
-        self.strides: tuple[int, ...]
+        if ndim < 0:
+            raise ValueError(f"the DLTensor has ndim {ndim}")
         if not ndim:
             self.shape = self.strides = ()
         elif steps == dims + 8 * ndim:
@@ -356,7 +391,10 @@ class Imported:
     def __del__(self) -> None:
         managed, self._managed = getattr(self, "_managed", None), None
         if managed and self._deleter:
-            _deleter_at(self._deleter)(managed)
+            if _NATIVE is not None:
+                _NATIVE.call_deleter(self._deleter, managed)
+            else:
+                _deleter_at(self._deleter)(managed)
 
 
 def _deleter_at(address: int) -> Any:

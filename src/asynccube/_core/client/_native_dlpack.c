@@ -1,0 +1,168 @@
+/* asynccube._core.client._native_dlpack: reading a DLPack capsule a producer hands over,
+ * and calling its deleter, written in C (dlpack.py's Imported, its twin, does the same
+ * through ctypes: five or six foreign calls and two struct reads per capsule).
+ *
+ * consume(capsule) -> None where capsule is no unconsumed "dltensor_versioned" or
+ * "dltensor" capsule; else the tuple (managed, deleter, flags, address, device_type,
+ * device_id, code, bits, lanes, shape, strides, versioned): the managed struct's and
+ * its deleter's addresses (ints), the flags (0 for a legacy capsule), the first
+ * element's address (data + byte_offset), the dtype's fields, the shape (a tuple of
+ * ints), the strides in elements (a tuple, or None where the producer gave NULL: the
+ * C-contiguous ones), and whether the capsule was versioned. Once everything is read
+ * the capsule is renamed "used_dltensor[_versioned]" (consumed: its destructor no
+ * longer calls the deleter); the caller owns the managed struct from then on. A
+ * negative ndim leaves the capsule unconsumed and raises ValueError.
+ *
+ * call_deleter(deleter, managed) calls the producer's deleter on its struct, with the
+ * GIL released (as ctypes does: a deleter may take locks of its own, and a producer's
+ * deleter takes the GIL itself where it needs it). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+typedef struct {
+    int32_t device_type;
+    int32_t device_id;
+} DLDevice;
+
+typedef struct {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+    void *data;
+    DLDevice device;
+    int32_t ndim;
+    DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} DLTensor;
+
+typedef void (*Deleter)(void *);
+
+typedef struct {
+    DLTensor dl_tensor;
+    void *manager_ctx;
+    Deleter deleter;
+} DLManagedTensor;
+
+typedef struct {
+    uint32_t major;
+    uint32_t minor;
+} DLPackVersion;
+
+typedef struct {
+    DLPackVersion version;
+    void *manager_ctx;
+    Deleter deleter;
+    uint64_t flags;
+    DLTensor dl_tensor;
+} DLManagedTensorVersioned;
+
+static const char NAME[] = "dltensor";
+static const char NAME_VERSIONED[] = "dltensor_versioned";
+static const char USED[] = "used_dltensor";
+static const char USED_VERSIONED[] = "used_dltensor_versioned";
+
+static PyObject *ints(const int64_t *values, int32_t count) {
+    PyObject *out = PyTuple_New(count);
+    if (out == NULL) return NULL;
+    for (int32_t i = 0; i < count; i++) {
+        PyObject *v = PyLong_FromLongLong(values[i]);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+static PyObject *consume(PyObject *self, PyObject *capsule) {
+    int versioned;
+    if (PyCapsule_IsValid(capsule, NAME_VERSIONED)) {
+        versioned = 1;
+    } else if (PyCapsule_IsValid(capsule, NAME)) {
+        versioned = 0;
+    } else {
+        Py_RETURN_NONE;
+    }
+    void *managed = PyCapsule_GetPointer(capsule, versioned ? NAME_VERSIONED : NAME);
+    if (managed == NULL) return NULL;
+    const DLTensor *t;
+    Deleter deleter;
+    uint64_t flags = 0;
+    if (versioned) {
+        const DLManagedTensorVersioned *m = managed;
+        t = &m->dl_tensor;
+        deleter = m->deleter;
+        flags = m->flags;
+    } else {
+        const DLManagedTensor *m = managed;
+        t = &m->dl_tensor;
+        deleter = m->deleter;
+    }
+    if (t->ndim < 0) {
+        PyErr_Format(PyExc_ValueError, "the DLTensor has ndim %d", (int)t->ndim);
+        return NULL;
+    }
+    PyObject *shape = ints(t->ndim ? t->shape : NULL, t->ndim);
+    if (shape == NULL) return NULL;
+    PyObject *strides;
+    if (t->strides != NULL) {
+        strides = ints(t->strides, t->ndim);
+        if (strides == NULL) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+    } else {
+        strides = Py_NewRef(Py_None);
+    }
+    uintptr_t address = (uintptr_t)t->data + (uintptr_t)t->byte_offset;
+    PyObject *out = Py_BuildValue(
+        "(KKKKiiiiiNNO)", (unsigned long long)(uintptr_t)managed,
+        (unsigned long long)(uintptr_t)deleter, (unsigned long long)flags,
+        (unsigned long long)address, (int)t->device.device_type, (int)t->device.device_id,
+        (int)t->dtype.code, (int)t->dtype.bits, (int)t->dtype.lanes, shape, strides,
+        versioned ? Py_True : Py_False);
+    if (out == NULL) return NULL; /* shape and strides are released by Py_BuildValue */
+    if (PyCapsule_SetName(capsule, versioned ? USED_VERSIONED : USED) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}
+
+static PyObject *call_deleter(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "call_deleter(deleter, managed)");
+        return NULL;
+    }
+    void *deleter = PyLong_AsVoidPtr(args[0]);
+    if (deleter == NULL && PyErr_Occurred()) return NULL;
+    void *managed = PyLong_AsVoidPtr(args[1]);
+    if (managed == NULL && PyErr_Occurred()) return NULL;
+    if (deleter != NULL && managed != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        ((Deleter)deleter)(managed);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"consume", consume, METH_O, "Read and consume a DLPack capsule (see the module)."},
+    {"call_deleter", (PyCFunction)(void (*)(void))call_deleter, METH_FASTCALL,
+     "Call a producer's deleter on its managed struct, the GIL released."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native_dlpack", "asynccube's DLPack capsule reader, compiled.",
+    -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__native_dlpack(void) { return PyModule_Create(&module); }
