@@ -213,9 +213,10 @@ def _destructor_type() -> Any:
 _HAND_MADE_DESTRUCTOR = _destructor_type()
 
 
-@pytest.fixture(params=["native", "python"])
+@pytest.fixture(params=["native", "python"], autouse=True)
 def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each capsule reader: the compiled one (``_native_dlpack.c``) and its twin."""
+    """Every test here on each capsule maker and reader: the compiled one
+    (``_native_dlpack.c``) and its ctypes twin."""
     from asynccube._core.client import dlpack
 
     if request.param == "python":
@@ -267,3 +268,22 @@ async def test_a_negative_ndim_is_a_dlpack_error(
     assert _HandMade.calls == [ctypes_address(producer.keep[0])]
     t = host_client.from_dlpack(np.arange(3, dtype=np.int16))
     assert (await host_client.read_array(t)).tolist() == [0, 1, 2]
+
+
+def test_a_consumer_may_release_on_another_thread() -> None:
+    """The deleter runs on whatever thread the consumer frees from: the owner is
+    dropped there, and the export counted released."""
+    import threading
+
+    before = live_exports()
+    owner = Owner(np.arange(8, dtype=np.float32))
+    alive = weakref.ref(owner)
+    views = [np.from_dlpack(Exporter(owner, (8,), (1,))) for _ in range(4)]
+    del owner
+    assert live_exports() == before + 4
+    thread = threading.Thread(target=views.clear)
+    thread.start()
+    thread.join()
+    gc.collect()
+    assert live_exports() == before
+    assert alive() is None

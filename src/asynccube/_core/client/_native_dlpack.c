@@ -1,6 +1,8 @@
-/* asynccube._core.client._native_dlpack: reading a DLPack capsule a producer hands over,
- * and calling its deleter, written in C (dlpack.py's Imported, its twin, does the same
- * through ctypes: five or six foreign calls and two struct reads per capsule).
+/* asynccube._core.client._native_dlpack: making the DLPack capsules asynccube exports,
+ * reading the one a producer hands over and calling its deleter, written in C (dlpack.py's
+ * make_capsule and Imported, their twins, do the same through ctypes: a ctypes buffer, a
+ * registry entry and a foreign call per export; five or six foreign calls and two
+ * struct reads per import).
  *
  * consume(capsule) -> None where capsule is no unconsumed "dltensor_versioned" or
  * "dltensor" capsule; else the tuple (managed, deleter, flags, address, device_type,
@@ -153,7 +155,146 @@ static PyObject *call_deleter(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* make(address, device_type, device_id, shape, strides, code, bits, owner, versioned):
+ * a "dltensor[_versioned]" capsule over address (shape and strides: sequences of ints,
+ * strides in elements), its managed struct, shape and strides in one malloc'd block,
+ * holding a reference to owner until the consumer calls the deleter, or until the
+ * capsule is destroyed unconsumed (its destructor calls the deleter then). The deleter
+ * may run on any thread: it takes the GIL to drop the reference (at interpreter
+ * shutdown it leaks the block instead: nothing may run Python then). live() says how
+ * many such exports are still held. */
+static Py_ssize_t live_exports;
+
+typedef struct {
+    DLManagedTensor managed;
+    int64_t dims[];
+} Plain;
+
+typedef struct {
+    DLManagedTensorVersioned managed;
+    int64_t dims[];
+} Versioned;
+
+static int finalizing(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+static void release(void *owner, void *block) {
+    if (finalizing()) return;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    Py_XDECREF((PyObject *)owner);
+    live_exports--;
+    PyMem_RawFree(block);
+    PyGILState_Release(gil);
+}
+
+static void plain_deleter(void *self) { release(((Plain *)self)->managed.manager_ctx, self); }
+
+static void versioned_deleter(void *self) {
+    release(((Versioned *)self)->managed.manager_ctx, self);
+}
+
+static void plain_destructor(PyObject *capsule) {
+    if (PyCapsule_IsValid(capsule, NAME)) plain_deleter(PyCapsule_GetPointer(capsule, NAME));
+}
+
+static void versioned_destructor(PyObject *capsule) {
+    if (PyCapsule_IsValid(capsule, NAME_VERSIONED))
+        versioned_deleter(PyCapsule_GetPointer(capsule, NAME_VERSIONED));
+}
+
+static int fill(int64_t *out, PyObject *values, Py_ssize_t ndim, const char *what) {
+    PyObject *fast = PySequence_Fast(values, what);
+    if (fast == NULL) return -1;
+    if (PySequence_Fast_GET_SIZE(fast) != ndim) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%s: %zd values for %zd dimensions", what,
+                     PySequence_Fast_GET_SIZE(fast), ndim);
+        return -1;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(fast);
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        long long v = PyLong_AsLongLong(items[i]);
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        out[i] = v;
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+static PyObject *make(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError,
+                        "make(address, device_type, device_id, shape, strides, code, bits, "
+                        "owner, versioned)");
+        return NULL;
+    }
+    void *address = PyLong_AsVoidPtr(args[0]);
+    if (address == NULL && PyErr_Occurred()) return NULL;
+    long kind = PyLong_AsLong(args[1]), index = PyLong_AsLong(args[2]);
+    long code = PyLong_AsLong(args[5]), bits = PyLong_AsLong(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    int versioned = PyObject_IsTrue(args[8]);
+    if (versioned < 0) return NULL;
+    Py_ssize_t ndim = PyObject_Length(args[3]);
+    if (ndim < 0) return NULL;
+    size_t head = versioned ? sizeof(Versioned) : sizeof(Plain);
+    char *block = PyMem_RawMalloc(head + 16 * (size_t)ndim + 1);
+    if (block == NULL) return PyErr_NoMemory();
+    int64_t *dims = (int64_t *)(block + head), *steps = dims + ndim;
+    if (fill(dims, args[3], ndim, "shape") < 0 || fill(steps, args[4], ndim, "strides") < 0) {
+        PyMem_RawFree(block);
+        return NULL;
+    }
+    DLTensor *t;
+    if (versioned) {
+        Versioned *v = (Versioned *)block;
+        v->managed.version.major = 1;
+        v->managed.version.minor = 1;
+        v->managed.manager_ctx = Py_NewRef(args[7]);
+        v->managed.deleter = versioned_deleter;
+        v->managed.flags = 0;
+        t = &v->managed.dl_tensor;
+    } else {
+        Plain *p = (Plain *)block;
+        p->managed.manager_ctx = Py_NewRef(args[7]);
+        p->managed.deleter = plain_deleter;
+        t = &p->managed.dl_tensor;
+    }
+    t->data = address;
+    t->device.device_type = (int32_t)kind;
+    t->device.device_id = (int32_t)index;
+    t->ndim = (int32_t)ndim;
+    t->dtype.code = (uint8_t)code;
+    t->dtype.bits = (uint8_t)bits;
+    t->dtype.lanes = 1;
+    t->shape = dims;
+    t->strides = steps;
+    t->byte_offset = 0;
+    live_exports++;
+    PyObject *capsule = PyCapsule_New(block, versioned ? NAME_VERSIONED : NAME,
+                                      versioned ? versioned_destructor : plain_destructor);
+    if (capsule == NULL) {
+        live_exports--;
+        Py_DECREF(args[7]);
+        PyMem_RawFree(block);
+    }
+    return capsule;
+}
+
+static PyObject *live(PyObject *self, PyObject *unused) { return PyLong_FromSsize_t(live_exports); }
+
 static PyMethodDef methods[] = {
+    {"make", (PyCFunction)(void (*)(void))make, METH_FASTCALL,
+     "A DLPack capsule over an address, keeping owner alive (see the module)."},
+    {"live", live, METH_NOARGS, "How many exports made by make() are still held."},
     {"consume", consume, METH_O, "Read and consume a DLPack capsule (see the module)."},
     {"call_deleter", (PyCFunction)(void (*)(void))call_deleter, METH_FASTCALL,
      "Call a producer's deleter on its managed struct, the GIL released."},

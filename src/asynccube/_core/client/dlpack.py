@@ -1,10 +1,12 @@
-"""DLPack capsules made with ctypes (the structs of ``dlpack.h``, v1.1).
+"""DLPack capsules (the structs of ``dlpack.h``, v1.1), made and read in C
+(``_native_dlpack.c``) or through ctypes, its pure-Python twin.
 
 :func:`make_capsule` wraps an address, shape, strides and dtype in a ``"dltensor"``
 capsule (a ``DLManagedTensor``) or, when the consumer allows version 1, a
 ``"dltensor_versioned"`` one (a ``DLManagedTensorVersioned``). The Python object
-``owner`` is kept in a registry until the consumer calls the deleter, or until the
-capsule is destroyed unconsumed; that is what keeps the exported buffer alive. The
+``owner`` is kept (a reference in the C struct, or a registry entry) until the consumer
+calls the deleter, or until the capsule is destroyed unconsumed; that is what keeps the
+exported buffer alive. The
 deleter may run on any thread the consumer frees from; it only drops the reference.
 
 :class:`Imported` consumes a producer's capsule: read, renamed and its deleter called
@@ -82,6 +84,10 @@ class _ManagedVersioned(ctypes.Structure):
     ]
 
 
+_NATIVE, NATIVE_REASON = compiled("asynccube._core.client._native_dlpack")
+"""The compiled capsule maker and reader (``_native_dlpack.c``), or None: capsules are
+then made and read through ctypes (the pure-Python twin); ``NATIVE_REASON`` says why."""
+
 _NAME = b"dltensor"
 _NAME_VERSIONED = b"dltensor_versioned"
 _lock = threading.Lock()
@@ -91,7 +97,7 @@ _exports: dict[int, tuple[Any, ...]] = {}
 
 def live_exports() -> int:
     """How many exported capsules' buffers are still held (by a consumer or a capsule)."""
-    return len(_exports)
+    return len(_exports) + (_NATIVE.live() if _NATIVE is not None else 0)
 
 
 def dtype_code(dtype: np.dtype[Any]) -> tuple[int, int]:
@@ -190,8 +196,12 @@ def make_capsule(
 ) -> Any:
     """A DLPack capsule over ``address`` (strides in elements) keeping ``owner`` alive
     until the consumer is done with it. The struct, its shape and its strides are one
-    ctypes buffer filled by one ``struct.pack_into``."""
+    block: made and filled by one compiled call (``_native_dlpack.c``), or (its twin) a
+    ctypes buffer filled by one ``struct.pack_into``, kept in a registry."""
     code, bits = dtype_code(dtype)
+    if _NATIVE is not None:
+        return _NATIVE.make(address, device[0], device[1], shape, strides, code, bits, owner,
+                            versioned)  # fmt: skip
     ndim = len(shape)
     fmt, array_type = _layout(versioned, ndim)
     buf = array_type()
@@ -253,11 +263,6 @@ def _dtype_of(code: int, bits: int, lanes: int) -> np.dtype[Any] | None:
             return None
         dtype = _dtypes[key] = np.dtype(name)
     return dtype
-
-
-_NATIVE, NATIVE_REASON = compiled("asynccube._core.client._native_dlpack")
-"""The compiled capsule reader (``_native_dlpack.c``), or None: :class:`Imported` then
-reads capsules through ctypes (its pure-Python twin); ``NATIVE_REASON`` says why."""
 
 
 class Imported:
