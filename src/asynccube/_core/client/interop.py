@@ -375,11 +375,17 @@ def _check_import_request(
 def _import_cuda(
     client: TensorClient, index: int, obj: Any, copy: Any
 ) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
-    """A CUDA producer's memory: its work ordered before this task's stream (the
-    producer is given that stream), then bound to a handle that keeps the consumed
-    capsule (and ``obj``) until the device has passed asynccube's last use. A copy
-    (``copy=True``, or None where the memory cannot be shared): see
-    :func:`_import_cuda_copy` (``index``: the client's device)."""
+    """A CUDA producer's memory: its work ordered before this task's stream, then
+    bound to a handle that keeps the consumed capsule (and ``obj``) until the device has
+    passed asynccube's last use. A copy (``copy=True``, or None where the memory cannot
+    be shared): see :func:`_import_cuda_copy` (``index``: the client's device).
+
+    The producer is asked for the legacy default stream (``__dlpack__(stream=1)``),
+    and this task's stream waits on the device for that one (:meth:`after_legacy`):
+    torch and CuPy on their default stream then order nothing themselves (measured on
+    an H200, torch's ``__dlpack__`` given asynccube's stream costs 15.7 µs, its own
+    event and wait made through Python), and a producer on a stream of its own orders
+    its work before the legacy stream, so before this task's stream."""
     device = _device_of(obj)
     if device != (KDL_CUDA, index):
         raise DLPackError(
@@ -390,13 +396,15 @@ def _import_cuda(
     stream = StreamId.current()
     if copy is True:
         return _import_cuda_copy(client, obj, stream)
-    imported = _take(obj, server.stream_handle(stream), copy)
+    imported = _take(obj, 1, copy)
     why = _unshareable(obj, imported)
     if why is not None and copy is None:
         del imported  # its deleter runs: the producer may free what it lent
         return _import_cuda_copy(client, obj, stream)
     if why is not None:
         raise DLPackError(why + ("" if copy is not False else _NO_COPY))
+    server.activate()
+    server.after_legacy(stream)
     return _bind_imported(client, server.import_pointer, imported, stream)
 
 
