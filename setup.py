@@ -1,5 +1,6 @@
-"""Build the optional compiled hot path (``asynccube._core.cuda.native._native``) and slice token
-(``asynccube._core.values._native_slices``).
+"""Build the optional compiled hot path (``asynccube._core.cuda.native._native``), slice token
+(``asynccube._core.values._native_slices``) and DLPack capsule reader
+(``asynccube._core.client._native_dlpack``).
 
 Everything else is declared in ``pyproject.toml``. The extensions need only a C compiler
 and Python's headers (no CUDA toolkit: the driver is opened at run time). If one cannot be
@@ -45,6 +46,13 @@ TOKEN = Extension(
     optional=True,
 )
 
+DLPACK = Extension(
+    "asynccube._core.client._native_dlpack",
+    sources=["src/asynccube/_core/client/_native_dlpack.c"],
+    extra_compile_args=["-O2", "-std=c11", "-Wall", "-fvisibility=hidden"],
+    optional=True,
+)
+
 
 class OptionalBuildExt(build_ext):
     """``build_ext`` that warns instead of failing when the extension cannot be built."""
@@ -73,6 +81,6 @@ class OptionalBuildExt(build_ext):
 
 skip = os.environ.get("ASYNCCUBE_NO_EXTENSIONS", "") not in ("", "0")
 setup(
-    ext_modules=[] if skip or not sys.platform.startswith("linux") else [NATIVE, TOKEN],
+    ext_modules=[] if skip or not sys.platform.startswith("linux") else [NATIVE, TOKEN, DLPACK],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -129,3 +129,161 @@ def test_the_packed_structs_match_dlpack_h() -> None:
         extra = 16 * ndim
         assert dlpack._format(True, ndim).size == ctypes.sizeof(dlpack._ManagedVersioned) + extra
         assert dlpack._format(False, ndim).size == ctypes.sizeof(dlpack._Managed) + extra
+    assert dlpack._VERSIONED_FMT.size == ctypes.sizeof(dlpack._ManagedVersioned)
+    assert dlpack._PLAIN_FMT.size == ctypes.sizeof(dlpack._Managed)
+
+
+class _HandMade:
+    """A legacy producer laying out its ``DLTensor`` by hand, its strides where it
+    likes them: ``"apart"`` (an array of their own), ``"before"`` (just before the
+    shape, in one array), ``"after"`` (just after it) or ``"null"`` (contiguous)."""
+
+    calls: ClassVar[list[int]] = []
+
+    def __init__(self, array: np.ndarray[Any, Any], strides_at: str) -> None:
+        import ctypes
+
+        from asynccube._core.client import dlpack
+
+        self.array = array
+        shape, steps = array.shape, tuple(s // array.itemsize for s in array.strides)
+        ndim = len(shape)
+        managed = dlpack._Managed()
+        tensor = managed.dl_tensor
+        tensor.data = array.ctypes.data
+        tensor.device = dlpack._Device(1, 0)
+        tensor.ndim = ndim
+        tensor.dtype = dlpack._DataType(*dlpack.dtype_code(array.dtype), 1)
+        both = (ctypes.c_int64 * (2 * ndim))()
+        dims_at, steps_at = ctypes.addressof(both), ctypes.addressof(both) + 8 * ndim
+        if strides_at == "before":
+            dims_at, steps_at = steps_at, dims_at
+        apart = (ctypes.c_int64 * ndim)(*steps)
+        ctypes.memmove(dims_at, (ctypes.c_int64 * ndim)(*shape), 8 * ndim)
+        if strides_at == "apart":
+            steps_at = ctypes.addressof(apart)
+        elif strides_at != "null":
+            ctypes.memmove(steps_at, (ctypes.c_int64 * ndim)(*steps), 8 * ndim)
+        tensor.shape = ctypes.cast(dims_at, ctypes.POINTER(ctypes.c_int64))
+        tensor.strides = ctypes.cast(
+            None if strides_at == "null" else steps_at, ctypes.POINTER(ctypes.c_int64)
+        )
+        managed.deleter = _HAND_MADE_DELETER
+        self.keep = (managed, both, apart)
+
+    def __dlpack__(self, *, stream: Any = None) -> Any:
+        import ctypes
+
+        from asynccube._core.client import dlpack
+
+        address = ctypes.addressof(self.keep[0])
+        return dlpack._capsule_new(address, b"dltensor", _HAND_MADE_DESTRUCTOR)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)
+
+
+def _hand_made_deleter(managed: int) -> None:
+    _HandMade.calls.append(managed)
+
+
+def _deleter_type() -> Any:
+    from asynccube._core.client import dlpack
+
+    return dlpack._DELETER(_hand_made_deleter)
+
+
+_HAND_MADE_DELETER = _deleter_type()
+
+
+def _hand_made_destructor(capsule: int) -> None:
+    """A capsule nobody consumed calls its deleter (what producers do)."""
+    from asynccube._core.client import dlpack
+
+    if dlpack._capsule_is_valid(capsule, b"dltensor"):
+        _hand_made_deleter(dlpack._capsule_pointer(capsule, b"dltensor"))
+
+
+def _destructor_type() -> Any:
+    from asynccube._core.client import dlpack
+
+    return dlpack._DESTRUCTOR(_hand_made_destructor)
+
+
+_HAND_MADE_DESTRUCTOR = _destructor_type()
+
+
+@pytest.fixture(params=["native", "python"], autouse=True)
+def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here on each capsule maker and reader: the compiled one
+    (``_native_dlpack.c``) and its ctypes twin."""
+    from asynccube._core.client import dlpack
+
+    if request.param == "python":
+        monkeypatch.setattr(dlpack, "_NATIVE", None)
+    elif dlpack._NATIVE is None:
+        pytest.skip(f"the compiled capsule reader is not in use: {dlpack.NATIVE_REASON}")
+    return str(request.param)
+
+
+@pytest.mark.parametrize("strides_at", ["apart", "before", "after", "null"])
+def test_take_capsule_reads_shape_and_strides_wherever_they_lie(
+    strides_at: str, reader: str
+) -> None:
+    """Shape and strides are read at once where they lie one after the other, apart
+    otherwise; the producer's deleter runs once per consumed capsule."""
+    base = np.arange(24, dtype=np.int16).reshape(2, 3, 4)
+    array = base if strides_at == "null" else base[:, ::2, 1:]
+    producer = _HandMade(array, strides_at)
+    _HandMade.calls.clear()
+    for _ in range(3):
+        imported = take_capsule(producer, None)
+        assert imported.shape == array.shape and imported.dtype == np.int16
+        assert imported.strides == tuple(s // 2 for s in array.strides)
+        np.testing.assert_array_equal(imported.array(), array)
+        del imported
+        gc.collect()
+    assert _HandMade.calls == [ctypes_address(producer.keep[0])] * 3
+
+
+def ctypes_address(obj: Any) -> int:
+    import ctypes
+
+    return ctypes.addressof(obj)
+
+
+@pytest.mark.asyncio
+async def test_a_negative_ndim_is_a_dlpack_error(
+    host_client: ac.ComputeClient, reader: str
+) -> None:
+    """A producer's DLTensor with ndim < 0 is refused as a DLPackError at the call
+    (it was a bare struct.error), its deleter run once (by the reader, or by the
+    capsule left unconsumed), the client still serving."""
+    producer = _HandMade(np.arange(4, dtype=np.int16), "after")
+    producer.keep[0].dl_tensor.ndim = -1
+    _HandMade.calls.clear()
+    with pytest.raises(ac.DLPackError, match="ndim -1"):
+        host_client.from_dlpack(producer)
+    gc.collect()
+    assert _HandMade.calls == [ctypes_address(producer.keep[0])]
+    t = host_client.from_dlpack(np.arange(3, dtype=np.int16))
+    assert (await host_client.read_array(t)).tolist() == [0, 1, 2]
+
+
+def test_a_consumer_may_release_on_another_thread() -> None:
+    """The deleter runs on whatever thread the consumer frees from: the owner is
+    dropped there, and the export counted released."""
+    import threading
+
+    before = live_exports()
+    owner = Owner(np.arange(8, dtype=np.float32))
+    alive = weakref.ref(owner)
+    views = [np.from_dlpack(Exporter(owner, (8,), (1,))) for _ in range(4)]
+    del owner
+    assert live_exports() == before + 4
+    thread = threading.Thread(target=views.clear)
+    thread.start()
+    thread.join()
+    gc.collect()
+    assert live_exports() == before
+    assert alive() is None

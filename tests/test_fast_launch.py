@@ -30,6 +30,10 @@ SCENARIOS = {
         "queued", "first_use", "write_one",
         "closed",
     ),
+    "fast_dlpack_scenario.py": (
+        "dlpack_import_waits_on_the_legacy_stream",
+        "dlpack_import_keeps_the_producer_until_dropped", "dlpack_calls_per_exchange",
+    ),
     "fast_exclusive_scenario.py": ("exclusive_held", "exclusive_own"),
     "fast_propagate_scenario.py": ("propagate_skipped", "propagate_before_compile"),
     "fast_warm_up_scenario.py": (

@@ -310,3 +310,27 @@ async def test_bad_cuda_imports_are_refused() -> None:
         with pytest.raises(ac.DLPackError, match="not C-contiguous"):
             client.from_dlpack(strided, copy=False)
         assert (await client.read([client.create(b"ok")]))[0] == b"ok"
+
+
+@pytest.mark.parametrize("side_stream", [False, True], ids=["default", "side"])
+async def test_torch_import_is_ordered_after_torch_work(side_stream: bool) -> None:
+    """The import asks torch for the legacy default stream (``stream=1``) and waits on
+    the device for it: torch's work queued before the import, on its default stream or
+    on a stream of its own (kept busy so that a missing wait would show), comes first."""
+    torch = pytest.importorskip("torch")
+    n = 1 << 20
+    async with ac.open_client("cuda:0") as client:
+        warm = client.create_array(np.ones(n, np.float32))
+        client.execute(SCALE, blocks(n), _scale(warm, 1.0, n))  # compiled and loaded now
+        del warm
+        await client.sync()
+        stream = torch.cuda.Stream() if side_stream else torch.cuda.default_stream()
+        with torch.cuda.stream(stream):
+            x = torch.zeros(n, dtype=torch.float32, device="cuda")
+            torch.cuda._sleep(100_000_000)  # tens of ms on the producer's stream
+            x.fill_(3.0)
+            t = client.from_dlpack(x)
+        client.execute(SCALE, blocks(n), _scale(t, 2.0, n))
+        out = await client.read_array(t)
+        np.testing.assert_array_equal(out, np.full(n, 6.0, np.float32))
+        torch.cuda.synchronize()

@@ -131,12 +131,14 @@ def _nvrtc_version() -> str:
 
 
 def _hot_path() -> str:
+    from ._core.client import dlpack
     from ._core.cuda.native import hotpath
     from ._core.values import slices
 
     kind = "compiled (C extension)" if hotpath.ACTIVE == "native" else "pure Python"
     token = "compiled" if slices.TOKEN == "native" else "pure Python"
-    return f"{kind}: {hotpath.REASON}; slice token: {token}"
+    reader = "pure Python" if dlpack._NATIVE is None else "compiled"
+    return f"{kind}: {hotpath.REASON}; slice token: {token}; DLPack capsule reader: {reader}"
 
 
 def _config(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidArgument
+from ..server.layout import contiguous_strides
 from ..values.types import AllocationKind, Binding, CopyDescriptor, Handle
 from .args import _array_layout, _dims, _foreign, _numeric_dtype, _same_as_tensor, _whole
 from .interop import import_dlpack, tensor_strides
@@ -62,7 +63,7 @@ def tensor(
 def from_dlpack(client: ClientParts, obj: Any, device: Any, copy: Any) -> Tensor:
     """See :meth:`ComputeClient.from_dlpack`."""
     handle, shape, dtype = import_dlpack(client, obj, device, copy)
-    return Tensor(handle, shape, tensor_strides(shape, None), dtype, client)
+    return Tensor(handle, shape, contiguous_strides(shape), dtype, client)
 
 
 async def read_array(

@@ -37,7 +37,6 @@ it, and the memory never enters the pools.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import weakref
 from collections.abc import Sequence
@@ -81,7 +80,23 @@ def client_of(tensor: TensorView) -> TensorClient:
 
 def dlpack_device(tensor: TensorView) -> tuple[int, int]:
     """``(device type, index)`` as DLPack numbers them: kDLCPU 1, kDLCUDA 2."""
-    return _device_tuple(client_of(tensor).device)
+    return _client_device(client_of(tensor))
+
+
+def _client_device(client: TensorClient) -> tuple[int, int]:
+    """The DLPack device of ``client``, parsed once and kept on the client (every
+    export and import asks for it; a client never changes device)."""
+    device: tuple[int, int] | None = getattr(client, _DEVICE_ATTRIBUTE, None)
+    if device is None:
+        device = _device_tuple(client.device)
+        try:
+            setattr(client, _DEVICE_ATTRIBUTE, device)
+        except AttributeError:  # a client without a __dict__: parsed again next time
+            pass
+    return device
+
+
+_DEVICE_ATTRIBUTE = "_dlpack_device"
 
 
 def _device_tuple(device: str) -> tuple[int, int]:
@@ -107,7 +122,7 @@ def export_dlpack(
     """A DLPack capsule over ``tensor``'s memory (see the module docstring)."""
     client = client_of(tensor)
     client._channel.check()
-    device = _device_tuple(client.device)
+    device = _client_device(client)
     _check_request(device, stream, max_version, dl_device, copy)
     if device[0] == KDL_CUDA:
         return _export_cuda(client, tensor, device, stream, max_version, copy)
@@ -256,23 +271,32 @@ def _is_version(value: Any) -> bool:
 
 
 def _exported_array(tensor: TensorView, view: npt.NDArray[np.uint8]) -> npt.NDArray[Any]:
-    """A numpy array over the tensor's bytes whose base (a ctypes buffer over the same
-    memory) keeps the tensor's handle (so the pools never hand its slice to another
-    buffer) and the memory itself (``view``: the storage's page, or an imported
-    producer's memory) alive while the consumer holds it, whatever the client does:
-    closing it frees its pages, but not one an export still holds."""
-    dtype_code(tensor.dtype)  # DLPackError for a dtype DLPack cannot express
+    """A numpy array over the tensor's bytes (a :class:`_Held`) that keeps the
+    tensor's handle (so the pools never hand its slice to another buffer) and the
+    memory itself (``view``, its base: the storage's page, or an imported producer's
+    memory) alive while the consumer holds it, whatever the client does: closing it
+    frees its pages, but not one an export still holds."""
+    dtype = tensor.dtype
+    dtype_code(dtype)  # DLPackError for a dtype DLPack cannot express
     needed = tensor.nbytes_spanned()
     if needed > view.nbytes:
         raise InvalidArgument(
             f"{tensor!r} addresses {needed} bytes but its buffer holds {view.nbytes}"
         )
-    buffer = (ctypes.c_char * max(needed, 1)).from_address(view.ctypes.data)
-    buffer.handle = tensor.handle  # type: ignore[attr-defined]
-    buffer.memory = view  # type: ignore[attr-defined]
-    itemsize = tensor.dtype.itemsize
-    strides = tuple(s * itemsize for s in tensor.strides)
-    return np.ndarray(tensor.shape, tensor.dtype, buffer=buffer, strides=strides)  # type: ignore[arg-type]
+    itemsize = dtype.itemsize
+    strides = tuple([s * itemsize for s in tensor.strides])
+    held = np.ndarray.__new__(_Held, tensor.shape, dtype, buffer=view, strides=strides)
+    held.handle = tensor.handle
+    return held
+
+
+class _Held(np.ndarray[Any, np.dtype[Any]]):
+    """The array a host export hands out: its base is the memory, and it holds the
+    tensor's handle (``handle``). A subclass, so that numpy never collapses it out of
+    a consumer's chain of bases (an attribute on it costs less than a ctypes buffer
+    over the same address)."""
+
+    handle: Any
 
 
 def tensor_strides(shape: Sequence[int], strides: Sequence[int] | None) -> tuple[int, ...]:
@@ -313,29 +337,32 @@ def import_dlpack(
     (its string, or its DLPack ``(type, index)``). What is bound keeps the consumed
     capsule (so the producer's memory) and ``obj`` alive while the memory is in use."""
     client._channel.check()
-    _check_import_request(client, device, copy)
-    if dlpack_kind(client) == KDL_CUDA:
-        return _import_cuda(client, obj, copy)
+    ours = _client_device(client)
+    if copy is not None or device is not None:
+        _check_import_request(client, ours, device, copy)
+    if ours[0] == KDL_CUDA:
+        return _import_cuda(client, ours[1], obj, copy)
     importer = getattr(client._server, "import_view", None)
     if importer is None:
         raise DLPackError(f"DLPack import is not supported on {client.device}")
-    array = _host_array(obj, copy)
-    flat = np.asarray(_Imported(array))
-    handle = client._server.new_handle(flat.nbytes, StreamId.current())
-    client._channel.send(_bind, importer, handle, flat, StreamId.current())
-    return handle, array.shape, array.dtype
+    flat, shape, dtype = _host_memory(obj, copy)
+    stream = StreamId.current()
+    handle = client._server.new_handle(flat.nbytes, stream)
+    client._channel.send(_bind, importer, handle, flat, stream)
+    return handle, shape, dtype
 
 
-def _check_import_request(client: TensorClient, device: Any, copy: Any) -> None:
+def _check_import_request(
+    client: TensorClient, ours: tuple[int, int], device: Any, copy: Any
+) -> None:
     """DLPackError for a ``copy`` other than None/True/False, or a ``device`` other
-    than this client's."""
+    than this client's (``ours``: its DLPack device)."""
     if copy is not None and copy is not True and copy is not False:
         raise DLPackError(f"from_dlpack(copy={copy!r}): copy must be None, True or False")
     if device is None or device == client.device:
         return
     if client.device == "host" and device == "cpu":
         return
-    ours = _device_tuple(client.device)
     if isinstance(device, tuple) and len(device) == 2 and tuple(device) == ours:
         return
     raise DLPackError(
@@ -345,20 +372,20 @@ def _check_import_request(client: TensorClient, device: Any, copy: Any) -> None:
     )
 
 
-def dlpack_kind(client: TensorClient) -> int:
-    """kDLCUDA for a client on a GPU, else kDLCPU."""
-    return KDL_CUDA if client.device.startswith("cuda") else KDL_CPU
-
-
 def _import_cuda(
-    client: TensorClient, obj: Any, copy: Any
+    client: TensorClient, index: int, obj: Any, copy: Any
 ) -> tuple[Any, tuple[int, ...], np.dtype[Any]]:
-    """A CUDA producer's memory: its work ordered before this task's stream (the
-    producer is given that stream), then bound to a handle that keeps the consumed
-    capsule (and ``obj``) until the device has passed asynccube's last use. A copy
-    (``copy=True``, or None where the memory cannot be shared): see
-    :func:`_import_cuda_copy`."""
-    index = int(client.device.partition(":")[2] or 0)
+    """A CUDA producer's memory: its work ordered before this task's stream, then
+    bound to a handle that keeps the consumed capsule (and ``obj``) until the device has
+    passed asynccube's last use. A copy (``copy=True``, or None where the memory cannot
+    be shared): see :func:`_import_cuda_copy` (``index``: the client's device).
+
+    The producer is asked for the legacy default stream (``__dlpack__(stream=1)``),
+    and this task's stream waits on the device for that one (:meth:`after_legacy`):
+    torch and CuPy on their default stream then order nothing themselves (measured on
+    an H200, torch's ``__dlpack__`` given asynccube's stream costs 15.7 µs, its own
+    event and wait made through Python), and a producer on a stream of its own orders
+    its work before the legacy stream, so before this task's stream."""
     device = _device_of(obj)
     if device != (KDL_CUDA, index):
         raise DLPackError(
@@ -369,13 +396,15 @@ def _import_cuda(
     stream = StreamId.current()
     if copy is True:
         return _import_cuda_copy(client, obj, stream)
-    imported = _take(obj, server.stream_handle(stream), copy)
+    imported = _take(obj, 1, copy)
     why = _unshareable(obj, imported)
     if why is not None and copy is None:
         del imported  # its deleter runs: the producer may free what it lent
         return _import_cuda_copy(client, obj, stream)
     if why is not None:
         raise DLPackError(why + ("" if copy is not False else _NO_COPY))
+    server.activate()
+    server.after_legacy(stream)
     return _bind_imported(client, server.import_pointer, imported, stream)
 
 
@@ -458,16 +487,18 @@ def _take(obj: Any, stream: int | None, copy: Any) -> Imported:
 def _unshareable(obj: Any, imported: Imported) -> str | None:
     """Why asynccube cannot work on the memory ``imported`` describes in place (None:
     it can); a dtype no tensor can have is refused at once."""
-    name = type(obj).__name__
     if imported.dtype is None:
-        raise DLPackError(f"{name}: DLPack dtype (code, bits, lanes) {imported.type_code} "
-                          "cannot be expressed in a Tensor")  # fmt: skip
+        raise DLPackError(f"{type(obj).__name__}: DLPack dtype (code, bits, lanes) "
+                          f"{imported.type_code} cannot be expressed in a Tensor")  # fmt: skip
     if imported.read_only:
-        return f"{name} is read-only; asynccube kernels may write to any buffer"
-    if imported.strides != contiguous_strides(imported.shape) and 0 not in imported.shape:
+        return f"{type(obj).__name__} is read-only; asynccube kernels may write to any buffer"
+    shape, strides = imported.shape, imported.strides
+    if len(shape) == 1 and strides == (1,):  # the common case, seen at once
+        return None
+    if strides != contiguous_strides(shape) and 0 not in shape:
         return (
-            f"{name} is not C-contiguous (strides {imported.strides} for shape "
-            f"{imported.shape}); import a contiguous one (e.g. .contiguous())"
+            f"{type(obj).__name__} is not C-contiguous (strides {strides} for shape "
+            f"{shape}); import a contiguous one (e.g. .contiguous())"
         )
     return None
 
@@ -477,10 +508,10 @@ def _bind_cuda(importer: Any, handle: Any, imported: Imported, nbytes: int, stre
 
 
 class _Imported:
-    """The bytes of an imported array, as a flat ``uint8`` array's base: it keeps
-    ``array`` (whose own base keeps the consumed capsule, so the producer's memory,
-    and the producer object) alive while any handle, binding or queued task refers to
-    them."""
+    """The bytes of an imported copy, as a flat ``uint8`` array's base: it keeps
+    ``array`` alive while any handle, binding or queued task refers to it (shared
+    memory is bound through :meth:`.dlpack.Imported.flat`, whose base keeps the
+    consumed capsule, so the producer's memory, and the producer object)."""
 
     __slots__ = ("__array_interface__", "array")
 
@@ -498,12 +529,13 @@ def _bind(importer: Any, handle: Any, flat: npt.NDArray[np.uint8], stream: Strea
     importer(handle, flat, stream)
 
 
-def _host_array(obj: Any, copy: Any) -> npt.NDArray[Any]:
-    """``obj``'s memory as a C-contiguous, writable numpy array: its own (kept alive
-    through the consumed capsule), or a copy made now where ``copy`` asks for one (or
-    is None and the memory is read-only or not contiguous); else a DLPackError naming
-    what stands in the way. A legacy (unversioned) capsule carries no read-only flag,
-    and its producer's contract is that the memory may be written: it is shared."""
+def _host_memory(obj: Any, copy: Any) -> tuple[npt.NDArray[np.uint8], tuple[int, ...], Any]:
+    """``obj``'s memory as the flat bytes of a C-contiguous, writable array, with its
+    shape and dtype: its own (kept alive through the consumed capsule), or a copy made
+    now where ``copy`` asks for one (or is None and the memory is read-only or not
+    contiguous); else a DLPackError naming what stands in the way. A legacy
+    (unversioned) capsule carries no read-only flag, and its producer's contract is
+    that the memory may be written: it is shared."""
     device = _device_of(obj)
     if device[0] != KDL_CPU:
         raise DLPackError(
@@ -512,12 +544,15 @@ def _host_array(obj: Any, copy: Any) -> npt.NDArray[Any]:
         )
     imported = _take(obj, None, None)
     why = _unshareable(obj, imported)
-    array = imported.array()
+    dtype = imported.dtype
+    assert dtype is not None
     if copy is True or (copy is None and why is not None):
-        return np.array(array, order="C", copy=True)  # a copy made now, owned by numpy
+        array = np.array(imported.array(), order="C", copy=True)  # owned by numpy
+        return np.asarray(_Imported(array)), array.shape, dtype
     if why is not None:
         raise DLPackError(why + _NO_COPY)
-    return array  # type: ignore[no-any-return]
+    shape = imported.shape
+    return imported.flat(math.prod(shape) * dtype.itemsize), shape, dtype
 
 
 def _device_of(obj: Any) -> tuple[int, int]:

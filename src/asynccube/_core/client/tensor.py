@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -43,8 +44,8 @@ class Tensor:
     ) -> None:
         self._client = None if client is None else weakref.ref(client)
         self.handle = handle
-        self.shape = tuple(int(d) for d in shape)  # numpy integers become ints
-        self.strides = tuple(int(s) for s in strides)
+        self.shape = tuple(map(int, shape))  # numpy integers become ints
+        self.strides = tuple(map(int, strides))
         self.dtype = np.dtype(dtype)
 
     def __repr__(self) -> str:
@@ -85,9 +86,13 @@ class Tensor:
 
     def nbytes_spanned(self) -> int:
         """Bytes from the first element to just past the last one addressed."""
-        if any(d == 0 for d in self.shape):
+        shape = self.shape
+        if 0 in shape:
             return 0
-        last = sum((d - 1) * s for d, s in zip(self.shape, self.strides, strict=True))
+        strides = self.strides
+        if len(strides) != len(shape):
+            raise ValueError(f"{self!r}: one stride per dimension is needed")
+        last: int = sum(map(operator.mul, shape, strides)) - sum(strides)  # sum of (d - 1) * s
         return (last + 1) * self.dtype.itemsize
 
     def binding(self) -> Binding:

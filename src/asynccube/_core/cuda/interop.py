@@ -140,6 +140,19 @@ class InteropOps(ServerCore):
                 "of this device"
             )
 
+    def after_legacy(self, stream: StreamId) -> None:
+        """Make ``stream``'s CUDA stream wait, on the device, for the work queued so far
+        on the legacy default stream: where a DLPack producer asked with ``stream=1``
+        ordered its earlier work (torch and CuPy on their default stream order nothing
+        then: it is that stream). An event recorded there and ``cuStreamWaitEvent``,
+        two compiled calls; nothing waits on the host."""
+        current = self._streams.streams.get(stream).stream
+        event = self._events.record(1)  # CU_STREAM_LEGACY, a raw handle
+        err = hot.stream_wait_event(current, event)
+        self._events.give(event)  # the wait captured the event's state
+        if err:
+            raise error_from(err, "cuStreamWaitEvent(import)")
+
     def stream_handle(self, stream: StreamId) -> int:
         """The raw handle of the CUDA stream ``stream`` runs on (what a DLPack
         producer is asked to order its work before)."""
