@@ -1,9 +1,17 @@
 """``ac.reduction``: sum, product, min or max of an expression, over a whole tensor or
-one axis of a 2-D tensor, for every server."""
+one axis of a 2-D tensor, for every server.
+
+A whole-tensor reduction runs in two launches over a partials buffer. Called (not
+bound) on a CUDA client, each stream keeps one partials buffer (:class:`_Partials`)
+for every reduction it runs: the launches are stream-ordered, so reusing it is safe,
+and a call then allocates nothing and both launches take the one-call route (issue 38:
+a fresh buffer per call was allocated through the actor while the last call's was still
+in use, which queued the launches behind it)."""
 
 from __future__ import annotations
 
 import hashlib
+import weakref
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -14,6 +22,7 @@ from ..client.tensor import Tensor
 from ..errors import InvalidArgument, KernelDefinitionError
 from ..values.bindings import Bindings, MetadataBinding
 from ..values.kernel import CudaSource, Kernel
+from ..values.stream_id import StreamId
 from .binding import (
     CallArgs,
     KernelLaunch,
@@ -93,7 +102,7 @@ class ReductionKernel:
         **arguments: Any,
     ) -> Tensor:
         """Queue the reduction over ``arguments`` and return its result tensor."""
-        call = self.bind(client, axis=axis, out=out, **arguments)
+        call = self._bind(client, axis, out, arguments, True)
         for launch in call.launches:
             client.execute(*launch)
         result: Tensor = call.result
@@ -109,6 +118,18 @@ class ReductionKernel:
     ) -> KernelCall:
         """The launches for ``arguments`` (``out`` allocated if not given; a whole-tensor
         reduction also allocates its partials)."""
+        return self._bind(client, axis, out, arguments, False)
+
+    def _bind(
+        self,
+        client: ComputeClient,
+        axis: int | None,
+        out: Tensor | None,
+        arguments: dict[str, Any],
+        now: bool,
+    ) -> KernelCall:
+        """:meth:`bind`; ``now``: the launches are executed at once by the caller, on
+        its stream (its partials may be the stream's kept buffer)."""
         what = self._what
         args = read_args(what, client, self.inputs, (), arguments)
         if args.shape is None:
@@ -127,7 +148,7 @@ class ReductionKernel:
         if spec.groups:
             scalar_bindings(base, spec.groups, args.scalars)
         if axis is None:
-            launches = self._whole(client, spec, args, base, result)
+            launches = self._whole(client, spec, args, base, result, now)
         else:
             rows, cols = args.shape
             base.buffers.append(result.handle.binding())
@@ -137,10 +158,18 @@ class ReductionKernel:
         return KernelCall(launches, {"out": result})
 
     def _whole(
-        self, client: ComputeClient, spec: _Spec, args: CallArgs, base: Bindings, result: Tensor
+        self,
+        client: ComputeClient,
+        spec: _Spec,
+        args: CallArgs,
+        base: Bindings,
+        result: Tensor,
+        now: bool,
     ) -> tuple[KernelLaunch, ...]:
         groups = max(1, min(MAX_PARTIALS, -(-args.size // (BLOCK * spec.per_thread))))
-        partials = client.empty(groups * spec.acc.itemsize).binding()
+        partials = _kept_partials(client) if now else None
+        if partials is None:
+            partials = client.empty(groups * spec.acc.itemsize).binding()
         base.buffers.append(partials)
         base.metadata = count_metadata(args.size)
         finish = new_bindings([partials, result.handle.binding()])
@@ -256,6 +285,53 @@ def _groups_metadata(groups: int) -> MetadataBinding:
 
 
 _FINISH: dict[int, MetadataBinding] = {}
+
+_PARTIALS_BYTES: Final = MAX_PARTIALS * 8
+"""A kept partials buffer's size: the most partials of the widest accumulator."""
+_STREAMS_KEPT: Final = 128
+"""Streams whose partials buffer a client keeps (the oldest is dropped past that)."""
+
+
+class _Partials:
+    """One client's kept partials buffers, by stream (``StreamId.value``)."""
+
+    __slots__ = ("__weakref__", "by_stream")
+
+    def __init__(self) -> None:
+        self.by_stream: dict[int, tuple[Any, Any]] = {}
+        """Each stream's buffer: its Handle (keeping it) and the Binding launches take."""
+
+
+_KEPT: weakref.WeakKeyDictionary[ComputeClient, _Partials] = weakref.WeakKeyDictionary()
+"""Each client's kept partials (gone with the client: its buffers are freed then)."""
+
+
+def _kept_partials(client: ComputeClient) -> Any:
+    """The calling stream's partials buffer (a Binding) for a call whose launches run at
+    once, or None: then the call allocates its own, as before.
+
+    Kept only on a server whose failures are known as a command is issued (CUDA: it has
+    a one-call route), with nothing queued, no failure held and no capture or exclusive
+    block open: then the buffer carries no failure from an earlier call (a skipped or
+    failed launch taints its buffers: with one held, calls allocate their own until it
+    is gone) and no graph keeps it."""
+    channel = client._channel
+    if client._fast is None or channel._queue or channel.guard is not None:
+        return None
+    if channel._held._tainted:
+        return None
+    kept = _KEPT.get(client)
+    if kept is None:
+        kept = _KEPT[client] = _Partials()
+    sid = StreamId.current().value
+    by_stream = kept.by_stream
+    pair = by_stream.get(sid)
+    if pair is None:
+        if len(by_stream) >= _STREAMS_KEPT:
+            del by_stream[next(iter(by_stream))]
+        handle = client.empty(_PARTIALS_BYTES)
+        pair = by_stream[sid] = (handle, handle.binding())
+    return pair[1]
 
 
 def reduction(op: str, map: str = "x", *, name: str = "reduction") -> ReductionKernel:
