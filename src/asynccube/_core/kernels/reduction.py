@@ -20,7 +20,7 @@ import numpy as np
 from ..client.client import ComputeClient
 from ..client.tensor import Tensor
 from ..errors import InvalidArgument, KernelDefinitionError
-from ..values.bindings import Bindings, MetadataBinding
+from ..values.bindings import Bindings, CubeCount, MetadataBinding
 from ..values.kernel import CudaSource, Kernel
 from ..values.stream_id import StreamId
 from .binding import (
@@ -102,10 +102,10 @@ class ReductionKernel:
         **arguments: Any,
     ) -> Tensor:
         """Queue the reduction over ``arguments`` and return its result tensor."""
-        call = self._bind(client, axis, out, arguments, True)
-        for launch in call.launches:
-            client.execute(*launch)
-        result: Tensor = call.result
+        launches, result = self._bind(client, axis, out, arguments, True)
+        execute = client.execute
+        for launch in launches:
+            execute(*launch)
         return result
 
     def bind(
@@ -118,7 +118,8 @@ class ReductionKernel:
     ) -> KernelCall:
         """The launches for ``arguments`` (``out`` allocated if not given; a whole-tensor
         reduction also allocates its partials)."""
-        return self._bind(client, axis, out, arguments, False)
+        launches, result = self._bind(client, axis, out, arguments, False)
+        return KernelCall(launches, {"out": result})
 
     def _bind(
         self,
@@ -127,9 +128,9 @@ class ReductionKernel:
         out: Tensor | None,
         arguments: dict[str, Any],
         now: bool,
-    ) -> KernelCall:
-        """:meth:`bind`; ``now``: the launches are executed at once by the caller, on
-        its stream (its partials may be the stream's kept buffer)."""
+    ) -> tuple[tuple[KernelLaunch, ...], Tensor]:
+        """:meth:`bind`'s launches and result; ``now``: the caller executes them at
+        once, on its stream (their partials may be the stream's kept buffer)."""
         what = self._what
         args = read_args(what, client, self.inputs, (), arguments)
         if args.shape is None:
@@ -155,7 +156,7 @@ class ReductionKernel:
             base.metadata = count_metadata(rows, cols)
             blocks = min(rows, 65535) if axis == 1 else grid_blocks(cols)
             launches = (KernelLaunch(spec.kernels[0], cube_count(max(1, blocks)), base),)
-        return KernelCall(launches, {"out": result})
+        return launches, result
 
     def _whole(
         self,
@@ -166,17 +167,20 @@ class ReductionKernel:
         result: Tensor,
         now: bool,
     ) -> tuple[KernelLaunch, ...]:
-        groups = max(1, min(MAX_PARTIALS, -(-args.size // (BLOCK * spec.per_thread))))
+        grid = _GRIDS.get((args.size, spec.per_thread))
+        if grid is None:
+            grid = _grid(args.size, spec.per_thread)
+        groups, meta, cubes, finish_meta = grid
         partials = _kept_partials(client) if now else None
         if partials is None:
             partials = client.empty(groups * spec.acc.itemsize).binding()
         base.buffers.append(partials)
-        base.metadata = count_metadata(args.size)
+        base.metadata = meta
         finish = new_bindings([partials, result.handle.binding()])
-        finish.metadata = _groups_metadata(groups)
+        finish.metadata = finish_meta
         return (
-            KernelLaunch(spec.kernels[0], cube_count(groups), base),
-            KernelLaunch(spec.kernels[1], cube_count(1), finish),
+            KernelLaunch(spec.kernels[0], cubes, base),
+            KernelLaunch(spec.kernels[1], _ONE, finish),
         )
 
     def _spec(self, args: CallArgs, axis: int | None, out: Tensor | None) -> _Spec:
@@ -285,6 +289,22 @@ def _groups_metadata(groups: int) -> MetadataBinding:
 
 
 _FINISH: dict[int, MetadataBinding] = {}
+_ONE: Final = cube_count(1)
+_GRIDS: dict[tuple[int, int], tuple[int, MetadataBinding, CubeCount, MetadataBinding]] = {}
+"""A whole-tensor pass's grid by (elements, elements a thread folds per tile): the
+partials' count, the first pass's metadata and cube count, the finishing pass's
+metadata (each shared, read-only)."""
+
+
+def _grid(size: int, per_thread: int) -> tuple[int, MetadataBinding, CubeCount, MetadataBinding]:
+    """The entry of :data:`_GRIDS` for ``size`` and ``per_thread`` (made, kept)."""
+    groups = max(1, min(MAX_PARTIALS, -(-size // (BLOCK * per_thread))))
+    grid = (groups, count_metadata(size), cube_count(groups), _groups_metadata(groups))
+    if len(_GRIDS) >= 1024:
+        _GRIDS.clear()
+    _GRIDS[(size, per_thread)] = grid
+    return grid
+
 
 _PARTIALS_BYTES: Final = MAX_PARTIALS * 8
 """A kept partials buffer's size: the most partials of the widest accumulator."""
