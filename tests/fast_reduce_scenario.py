@@ -91,8 +91,7 @@ async def reduce_calls_launch_twice() -> None:
 
 async def reduce_partials_per_stream() -> None:
     """Each stream keeps its own partials buffer (never shared across tasks); ``bind``
-    (launches run later, perhaps elsewhere) allocates its own each time; with a failure
-    held, a call allocates its own too (the kept buffer must never carry it)."""
+    (launches run later, perhaps elsewhere) allocates its own each time."""
     s = Warmed()
     x, out = await s.sum_ready()
     kept = reduction_module._KEPT[s.client].by_stream
@@ -110,19 +109,47 @@ async def reduce_partials_per_stream() -> None:
     bound = [TOTAL.bind(s.client, x=x, out=out) for _ in range(2)]
     first, second = (call.launches[0].bindings.buffers[-1].memory.id for call in bound)
     assert len({first, second, mine.memory.id}) == 3, (first, second, mine)
-    held = s.client._channel._held
-    held._tainted[-1] = held._tainted.get(-1)  # type: ignore[assignment]  # one held
+    await s.client.sync()
+    await s.client.close()
+
+
+async def reduce_failure_not_carried() -> None:
+    """A failed call taints its stream's kept partials (the fake driver fails a grid of
+    777 blocks): the next call drops that buffer and allocates its own while the
+    failure is held, and its result carries nothing; once the failed buffers are gone,
+    the stream keeps a new buffer."""
+    s = Warmed()
+    await s.sum_ready()
+    here = ac.StreamId.current().value
+    kept = reduction_module._KEPT[s.client].by_stream
+    first = kept[here][0]
+    first_id = first.memory.id
+    bad = s.client.empty_array((777 * 4096,), np.float32)  # 777 partials: fails
+    failed = TOTAL(s.client, x=bad)
     try:
-        assert reduction_module._kept_partials(s.client) is None
-    finally:
-        del held._tainted[-1]
-    assert reduction_module._kept_partials(s.client) is kept[here][1]
+        await s.client.sync()
+    except ac.DeviceError:
+        pass
+    else:
+        raise AssertionError("the failed launch was not raised")
+    held = s.client._channel._held
+    assert first.memory.id in held._tainted  # the failure is on the kept buffer
+    good = s.client.empty_array((4096,), np.float32)
+    out = TOTAL(s.client, x=good)  # the failure is held: its own partials
+    assert here not in kept, kept  # the tainted buffer dropped, not kept
+    await s.client.read_array(out)  # carries no failure (TaintedBuffer: it would)
+    del bad, failed, first
+    await s.client.sync()
+    assert not held._tainted, held._tainted  # the failure went with its buffers
+    TOTAL(s.client, x=good)
+    assert kept[here][1].memory.id != first_id  # a new buffer kept
     await s.client.sync()
     await s.client.close()
 
 
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
-    f.__name__: f for f in (reduce_calls_launch_twice, reduce_partials_per_stream)
+    f.__name__: f
+    for f in (reduce_calls_launch_twice, reduce_partials_per_stream, reduce_failure_not_carried)
 }
 
 

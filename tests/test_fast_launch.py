@@ -36,7 +36,9 @@ SCENARIOS = {
         "dlpack_import_keeps_the_producer_until_dropped", "dlpack_calls_per_exchange",
     ),
     "fast_exclusive_scenario.py": ("exclusive_held", "exclusive_own"),
-    "fast_reduce_scenario.py": ("reduce_calls_launch_twice", "reduce_partials_per_stream"),
+    "fast_reduce_scenario.py": (
+        "reduce_calls_launch_twice", "reduce_partials_per_stream", "reduce_failure_not_carried",
+    ),
     "fast_propagate_scenario.py": ("propagate_skipped", "propagate_before_compile"),
     "fast_warm_up_scenario.py": (
         "warm_up_compiles_and_issues_nothing", "warm_up_route_steps_aside",

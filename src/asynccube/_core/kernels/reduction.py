@@ -334,11 +334,10 @@ def _kept_partials(client: ComputeClient) -> Any:
     a one-call route), with nothing queued, no failure held and no capture or exclusive
     block open: then the buffer carries no failure from an earlier call (a skipped or
     failed launch taints its buffers: with one held, calls allocate their own until it
-    is gone) and no graph keeps it."""
+    is gone; the stream's kept buffer, if it carries it, is dropped, so that its
+    failure goes with it) and no graph keeps it."""
     channel = client._channel
     if client._fast is None or channel._queue or channel.guard is not None:
-        return None
-    if channel._held._tainted:
         return None
     kept = _KEPT.get(client)
     if kept is None:
@@ -346,6 +345,11 @@ def _kept_partials(client: ComputeClient) -> Any:
     sid = StreamId.current().value
     by_stream = kept.by_stream
     pair = by_stream.get(sid)
+    tainted = channel._held._tainted
+    if tainted:
+        if pair is not None and pair[1].memory.id in tainted:
+            del by_stream[sid]
+        return None
     if pair is None:
         if len(by_stream) >= _STREAMS_KEPT:
             del by_stream[next(iter(by_stream))]
