@@ -54,7 +54,6 @@ def _profiled(call: Callable[[], Any], reps: int, top: int) -> int:
 
 
 async def main(n: int, reps: int, top: int) -> None:
-    lib = bench_overhead._fake_lib if hasattr(bench_overhead, "_fake_lib") else None
     client = ComputeClient(bench_overhead._server(), asyncio.get_running_loop())
     tx, ty = client.empty_array((n,), np.float32), client.empty_array((n,), np.float32)
     total = client.empty_array((), np.float32)
@@ -71,7 +70,6 @@ async def main(n: int, reps: int, top: int) -> None:
         per = _profiled(call, reps, top)
         await client.sync()
         print(f"{what}: {us:.2f} us per call, {per} Python calls per call (cProfile)")
-    del lib
     await client.close()
 
 
