@@ -2,7 +2,8 @@
 GPU: their argument checks here, and the client -> CudaServer scenarios of
 ``fast_launch_scenario.py`` (launches, reads, syncs), ``fast_alloc_scenario.py``
 (allocations), ``fast_expandable_scenario.py`` (the expandable pool) and
-``fast_peer_scenario.py`` (``to_client`` between two clients of one device) in processes
+``fast_peer_scenario.py`` (``to_client`` between two clients of one device) and
+``fast_reduce_scenario.py`` (a whole-tensor ``ac.reduction`` call) in processes
 of their own on the no-op driver of ``benchmarks/bench_overhead.py`` (a GPU runs the
 same routes in every CUDA test)."""
 
@@ -35,6 +36,9 @@ SCENARIOS = {
         "dlpack_import_keeps_the_producer_until_dropped", "dlpack_calls_per_exchange",
     ),
     "fast_exclusive_scenario.py": ("exclusive_held", "exclusive_own"),
+    "fast_reduce_scenario.py": (
+        "reduce_calls_launch_twice", "reduce_partials_per_stream", "reduce_failure_not_carried",
+    ),
     "fast_propagate_scenario.py": ("propagate_skipped", "propagate_before_compile"),
     "fast_warm_up_scenario.py": (
         "warm_up_compiles_and_issues_nothing", "warm_up_route_steps_aside",

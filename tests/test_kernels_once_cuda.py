@@ -3,6 +3,7 @@ host server) for elementwise kernels and reductions of every size."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -93,3 +94,32 @@ async def test_a_graph_replays_kernels_written_once_on_the_gpu() -> None:
                 gpu.execute(*launch)
         graph.replay()
         np.testing.assert_allclose(await gpu.read_array(out), (3 * x + 1).sum(), rtol=1e-6)
+
+
+async def test_back_to_back_reductions_share_their_streams_partials_on_the_gpu() -> None:
+    """Calls on one stream reuse its partials buffer (issue 38), across kernels, sizes
+    and accumulator widths, with no sync between them: each result is its own; tasks
+    running at once each keep their own buffer."""
+    sums = {dt: ac.reduction("sum") for dt in ("float64", "int32", "float32")}
+    biggest = ac.reduction("max", "x * a")
+    data = {dt: _data(dt, 3_000_001 - 7 * i) for i, dt in enumerate(sums)}
+    async with ac.open_client("cuda:0") as gpu:
+        tensors = {dt: gpu.create_array(x) for dt, x in data.items()}
+
+        async def task(k: int) -> None:
+            outs = []
+            for _ in range(3):
+                for dt, kernel in sums.items():
+                    outs.append((dt, kernel(gpu, x=tensors[dt])))
+                outs.append(("max", biggest(gpu, x=tensors["int32"], a=k + 1)))
+            for dt, out in outs:
+                got = await gpu.read_array(out)
+                if dt == "max":
+                    assert got == (data["int32"].astype(np.int64) * (k + 1)).max()
+                else:  # another order than numpy's pairwise sum: up to rounding
+                    x = data[dt].astype(np.float64)
+                    bound = (1e-5 if dt == "float32" else 1e-12) * np.abs(x).sum()
+                    np.testing.assert_allclose(got, x.sum(), rtol=0, atol=bound)
+
+        await task(0)
+        await asyncio.gather(*(task(k) for k in range(8)))

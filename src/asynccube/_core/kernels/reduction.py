@@ -1,9 +1,17 @@
 """``ac.reduction``: sum, product, min or max of an expression, over a whole tensor or
-one axis of a 2-D tensor, for every server."""
+one axis of a 2-D tensor, for every server.
+
+A whole-tensor reduction runs in two launches over a partials buffer. Called (not
+bound) on a CUDA client, each stream keeps one partials buffer (:class:`_Partials`)
+for every reduction it runs: the launches are stream-ordered, so reusing it is safe,
+and a call then allocates nothing and both launches take the one-call route (issue 38:
+a fresh buffer per call was allocated through the actor while the last call's was still
+in use, which queued the launches behind it)."""
 
 from __future__ import annotations
 
 import hashlib
+import weakref
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -12,8 +20,9 @@ import numpy as np
 from ..client.client import ComputeClient
 from ..client.tensor import Tensor
 from ..errors import InvalidArgument, KernelDefinitionError
-from ..values.bindings import Bindings, MetadataBinding
+from ..values.bindings import Bindings, CubeCount, MetadataBinding
 from ..values.kernel import CudaSource, Kernel
+from ..values.stream_id import StreamId
 from .binding import (
     CallArgs,
     KernelLaunch,
@@ -93,10 +102,10 @@ class ReductionKernel:
         **arguments: Any,
     ) -> Tensor:
         """Queue the reduction over ``arguments`` and return its result tensor."""
-        call = self.bind(client, axis=axis, out=out, **arguments)
-        for launch in call.launches:
-            client.execute(*launch)
-        result: Tensor = call.result
+        launches, result = self._bind(client, axis, out, arguments, True)
+        execute = client.execute
+        for launch in launches:
+            execute(*launch)
         return result
 
     def bind(
@@ -109,6 +118,19 @@ class ReductionKernel:
     ) -> KernelCall:
         """The launches for ``arguments`` (``out`` allocated if not given; a whole-tensor
         reduction also allocates its partials)."""
+        launches, result = self._bind(client, axis, out, arguments, False)
+        return KernelCall(launches, {"out": result})
+
+    def _bind(
+        self,
+        client: ComputeClient,
+        axis: int | None,
+        out: Tensor | None,
+        arguments: dict[str, Any],
+        now: bool,
+    ) -> tuple[tuple[KernelLaunch, ...], Tensor]:
+        """:meth:`bind`'s launches and result; ``now``: the caller executes them at
+        once, on its stream (their partials may be the stream's kept buffer)."""
         what = self._what
         args = read_args(what, client, self.inputs, (), arguments)
         if args.shape is None:
@@ -127,27 +149,38 @@ class ReductionKernel:
         if spec.groups:
             scalar_bindings(base, spec.groups, args.scalars)
         if axis is None:
-            launches = self._whole(client, spec, args, base, result)
+            launches = self._whole(client, spec, args, base, result, now)
         else:
             rows, cols = args.shape
             base.buffers.append(result.handle.binding())
             base.metadata = count_metadata(rows, cols)
             blocks = min(rows, 65535) if axis == 1 else grid_blocks(cols)
             launches = (KernelLaunch(spec.kernels[0], cube_count(max(1, blocks)), base),)
-        return KernelCall(launches, {"out": result})
+        return launches, result
 
     def _whole(
-        self, client: ComputeClient, spec: _Spec, args: CallArgs, base: Bindings, result: Tensor
+        self,
+        client: ComputeClient,
+        spec: _Spec,
+        args: CallArgs,
+        base: Bindings,
+        result: Tensor,
+        now: bool,
     ) -> tuple[KernelLaunch, ...]:
-        groups = max(1, min(MAX_PARTIALS, -(-args.size // (BLOCK * spec.per_thread))))
-        partials = client.empty(groups * spec.acc.itemsize).binding()
+        grid = _GRIDS.get((args.size, spec.per_thread))
+        if grid is None:
+            grid = _grid(args.size, spec.per_thread)
+        groups, meta, cubes, finish_meta = grid
+        partials = _kept_partials(client) if now else None
+        if partials is None:
+            partials = client.empty(groups * spec.acc.itemsize).binding()
         base.buffers.append(partials)
-        base.metadata = count_metadata(args.size)
+        base.metadata = meta
         finish = new_bindings([partials, result.handle.binding()])
-        finish.metadata = _groups_metadata(groups)
+        finish.metadata = finish_meta
         return (
-            KernelLaunch(spec.kernels[0], cube_count(groups), base),
-            KernelLaunch(spec.kernels[1], cube_count(1), finish),
+            KernelLaunch(spec.kernels[0], cubes, base),
+            KernelLaunch(spec.kernels[1], _ONE, finish),
         )
 
     def _spec(self, args: CallArgs, axis: int | None, out: Tensor | None) -> _Spec:
@@ -256,6 +289,73 @@ def _groups_metadata(groups: int) -> MetadataBinding:
 
 
 _FINISH: dict[int, MetadataBinding] = {}
+_ONE: Final = cube_count(1)
+_GRIDS: dict[tuple[int, int], tuple[int, MetadataBinding, CubeCount, MetadataBinding]] = {}
+"""A whole-tensor pass's grid by (elements, elements a thread folds per tile): the
+partials' count, the first pass's metadata and cube count, the finishing pass's
+metadata (each shared, read-only)."""
+
+
+def _grid(size: int, per_thread: int) -> tuple[int, MetadataBinding, CubeCount, MetadataBinding]:
+    """The entry of :data:`_GRIDS` for ``size`` and ``per_thread`` (made, kept)."""
+    groups = max(1, min(MAX_PARTIALS, -(-size // (BLOCK * per_thread))))
+    grid = (groups, count_metadata(size), cube_count(groups), _groups_metadata(groups))
+    if len(_GRIDS) >= 1024:
+        _GRIDS.clear()
+    _GRIDS[(size, per_thread)] = grid
+    return grid
+
+
+_PARTIALS_BYTES: Final = MAX_PARTIALS * 8
+"""A kept partials buffer's size: the most partials of the widest accumulator."""
+_STREAMS_KEPT: Final = 128
+"""Streams whose partials buffer a client keeps (the oldest is dropped past that)."""
+
+
+class _Partials:
+    """One client's kept partials buffers, by stream (``StreamId.value``)."""
+
+    __slots__ = ("__weakref__", "by_stream")
+
+    def __init__(self) -> None:
+        self.by_stream: dict[int, tuple[Any, Any]] = {}
+        """Each stream's buffer: its Handle (keeping it) and the Binding launches take."""
+
+
+_KEPT: weakref.WeakKeyDictionary[ComputeClient, _Partials] = weakref.WeakKeyDictionary()
+"""Each client's kept partials (gone with the client: its buffers are freed then)."""
+
+
+def _kept_partials(client: ComputeClient) -> Any:
+    """The calling stream's partials buffer (a Binding) for a call whose launches run at
+    once, or None: then the call allocates its own, as before.
+
+    Kept only on a server whose failures are known as a command is issued (CUDA: it has
+    a one-call route), with nothing queued, no failure held and no capture or exclusive
+    block open: then the buffer carries no failure from an earlier call (a skipped or
+    failed launch taints its buffers: with one held, calls allocate their own until it
+    is gone; the stream's kept buffer, if it carries it, is dropped, so that its
+    failure goes with it) and no graph keeps it."""
+    channel = client._channel
+    if client._fast is None or channel._queue or channel.guard is not None:
+        return None
+    kept = _KEPT.get(client)
+    if kept is None:
+        kept = _KEPT[client] = _Partials()
+    sid = StreamId.current().value
+    by_stream = kept.by_stream
+    pair = by_stream.get(sid)
+    tainted = channel._held._tainted
+    if tainted:
+        if pair is not None and pair[1].memory.id in tainted:
+            del by_stream[sid]
+        return None
+    if pair is None:
+        if len(by_stream) >= _STREAMS_KEPT:
+            del by_stream[next(iter(by_stream))]
+        handle = client.empty(_PARTIALS_BYTES)
+        pair = by_stream[sid] = (handle, handle.binding())
+    return pair[1]
 
 
 def reduction(op: str, map: str = "x", *, name: str = "reduction") -> ReductionKernel:
