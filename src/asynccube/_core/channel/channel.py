@@ -28,7 +28,7 @@ import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from ..errors import (
@@ -224,6 +224,15 @@ class Channel(Settling):
             op.enqueue()
         self._queue.append((op, args))
         self._wake()
+
+    def quiet(self) -> bool:
+        """True when nothing is queued and no capture or exclusive scope guards the
+        calls: a command sent now is issued in call order with nothing ahead of it."""
+        return not self._queue and self.guard is None
+
+    def tainted_ids(self) -> Collection[int]:
+        """The memory ids that carry a held failure (empty: none)."""
+        return self._held._tainted.keys()
 
     def can_run_now(self) -> bool:
         """True when a command :meth:`send` gets now runs at once, on the calling thread:

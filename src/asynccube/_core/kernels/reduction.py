@@ -337,7 +337,7 @@ def _kept_partials(client: ComputeClient) -> Any:
     is gone; the stream's kept buffer, if it carries it, is dropped, so that its
     failure goes with it) and no graph keeps it."""
     channel = client._channel
-    if client._fast is None or channel._queue or channel.guard is not None:
+    if client._fast is None or not channel.quiet():
         return None
     kept = _KEPT.get(client)
     if kept is None:
@@ -345,7 +345,7 @@ def _kept_partials(client: ComputeClient) -> Any:
     sid = StreamId.current().value
     by_stream = kept.by_stream
     pair = by_stream.get(sid)
-    tainted = channel._held._tainted
+    tainted = channel.tainted_ids()
     if tainted:
         if pair is not None and pair[1].memory.id in tainted:
             del by_stream[sid]
