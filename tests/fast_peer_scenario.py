@@ -284,10 +284,53 @@ async def peer_dead_dest() -> None:
     await p.dst.close()
 
 
+async def peer_cancelled_dest() -> None:
+    """The destination closes with ``cancel_pending=True`` while a copy's command waits
+    in its queue (its actor busy on a load), the source's already exported and waiting
+    for it: the source is told (its event goes back), its sync returns, it keeps
+    serving; nothing hangs."""
+    p = await Pair().ready()
+    p.dst.execute(fresh(), ONE, NOTHING)  # the destination's actor awaits a load
+    copies = [p.src.to_client(p.h, p.dst) for _ in range(3)]
+    await p.dst.close(cancel_pending=True)
+    await asyncio.wait_for(p.src.sync(), 10)
+    h = p.src.create(bytes(8))
+    assert await p.src.read([h]) == [bytes(8)]
+    del copies
+    p.untrace()
+    await p.src.close()
+
+
+async def peer_cancelled_source() -> None:
+    """The source closes with ``cancel_pending=True`` while its copy commands wait in its
+    queue (its actor busy on a load), the destination's first command waiting for the
+    source's: every copy's handle carries ClientClosedError (the destination's sync
+    raises it, as a held failure), and it keeps serving; nothing hangs."""
+    p = await Pair().ready()
+    p.src.execute(fresh(), ONE, NOTHING)  # the source's actor awaits a load
+    copies = [p.src.to_client(p.h, p.dst) for _ in range(3)]
+    for _ in range(3):
+        await asyncio.sleep(0)  # the destination's actor reaches its first command
+    await p.src.close(cancel_pending=True)
+    held = await p.raised(asyncio.wait_for(p.dst.sync(), 10))  # the failed copies' error
+    assert isinstance(held, ac.ClientClosedError), held
+    for copy in copies:
+        try:
+            await asyncio.wait_for(p.dst.read([copy]), 10)
+        except ac.ClientClosedError:
+            pass
+        else:
+            raise AssertionError("a copy never made read without an error")
+    h = p.dst.create(bytes(8))
+    assert await p.dst.read([h]) == [bytes(8)]
+    p.untrace()
+    await p.dst.close()
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
     for f in (peer_inline, peer_queued, peer_busy_source, peer_busy_dest, peer_errors,
-              peer_dead_dest)
+              peer_dead_dest, peer_cancelled_dest, peer_cancelled_source)
 }  # fmt: skip
 
 

@@ -94,7 +94,7 @@ async def reduce_partials_per_stream() -> None:
     (launches run later, perhaps elsewhere) allocates its own each time."""
     s = Warmed()
     x, out = await s.sum_ready()
-    kept = reduction_module._KEPT[s.client].by_stream
+    kept = s.client._memory.scratch[reduction_module._SCRATCH_KEY]
 
     async def sum_in_a_task() -> int:
         TOTAL(s.client, x=x, out=out)
@@ -109,7 +109,17 @@ async def reduce_partials_per_stream() -> None:
     bound = [TOTAL.bind(s.client, x=x, out=out) for _ in range(2)]
     first, second = (call.launches[0].bindings.buffers[-1].memory.id for call in bound)
     assert len({first, second, mine.memory.id}) == 3, (first, second, mine)
+    for _ in range(10):  # a task per call (a service's requests): a new stream each
+        await asyncio.create_task(sum_in_a_task())
+    assert len(kept) == reduction_module._STREAMS_KEPT, kept  # the oldest dropped
+    del mine, kept  # only the client keeps them now
     await s.client.sync()
+    held = (await s.client.memory_usage()).bytes_in_use
+    s.client.memory_cleanup()  # the kept buffers go back with the rest
+    assert reduction_module._SCRATCH_KEY not in s.client._memory.scratch
+    await s.client.sync()
+    after = (await s.client.memory_usage()).bytes_in_use
+    assert held - after == reduction_module._STREAMS_KEPT * 8192, (held, after)
     await s.client.close()
 
 
@@ -121,7 +131,7 @@ async def reduce_failure_not_carried() -> None:
     s = Warmed()
     await s.sum_ready()
     here = ac.StreamId.current().value
-    kept = reduction_module._KEPT[s.client].by_stream
+    kept = s.client._memory.scratch[reduction_module._SCRATCH_KEY]
     first = kept[here][0]
     first_id = first.memory.id
     bad = s.client.empty_array((777 * 4096,), np.float32)  # 777 partials: fails

@@ -270,6 +270,48 @@ async def test_a_negative_ndim_is_a_dlpack_error(
     assert (await host_client.read_array(t)).tolist() == [0, 1, 2]
 
 
+@pytest.mark.asyncio
+async def test_a_shape_missing_or_an_unknown_major_version_is_a_dlpack_error(
+    host_client: ac.ComputeClient, reader: str
+) -> None:
+    """Producer structs the reader must not follow: ndim > 0 and a NULL shape (it read
+    address 0 and crashed the interpreter), a versioned capsule of major version 2 (the
+    spec: refused, nothing after the version read). Each is a DLPackError at the call,
+    the capsule left unconsumed (its destructor runs the deleter once), the client still
+    serving."""
+    import ctypes
+
+    from asynccube._core.client import dlpack
+
+    producer = _HandMade(np.arange(4, dtype=np.int16), "null")
+    producer.keep[0].dl_tensor.shape = ctypes.cast(None, ctypes.POINTER(ctypes.c_int64))
+    _HandMade.calls.clear()
+    with pytest.raises(ac.DLPackError, match="no shape"):
+        host_client.from_dlpack(producer)
+    gc.collect()
+    assert _HandMade.calls == [ctypes_address(producer.keep[0])]
+
+    array = np.arange(4, dtype=np.int16)
+    versioned = dlpack._ManagedVersioned()
+    versioned.version = dlpack._Version(2, 0)
+    versioned.dl_tensor.data = array.ctypes.data
+    versioned.dl_tensor.device = dlpack._Device(1, 0)
+    versioned.dl_tensor.ndim = 1
+
+    class Future:
+        def __dlpack__(self, *, stream: Any = None, max_version: Any = None) -> Any:
+            address = ctypes.addressof(versioned)
+            return dlpack._capsule_new(address, b"dltensor_versioned", _HAND_MADE_DESTRUCTOR)
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (1, 0)
+
+    with pytest.raises(ac.DLPackError, match=r"version 2\.0 is not supported"):
+        host_client.from_dlpack(Future())
+    t = host_client.from_dlpack(np.arange(3, dtype=np.int16))
+    assert (await host_client.read_array(t)).tolist() == [0, 1, 2]
+
+
 def test_a_consumer_may_release_on_another_thread() -> None:
     """The deleter runs on whatever thread the consumer frees from: the owner is
     dropped there, and the export counted released."""

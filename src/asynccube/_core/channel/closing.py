@@ -176,7 +176,9 @@ def _error_of(completion: Completion[Any]) -> BaseException | None:
 def drop_unissued(channel: Ending) -> int:
     """Drop the commands still queued, not yet issued to the server (a command under
     way, awaiting a compile or a job, is left to finish); the awaitables they would have
-    settled raise :class:`~asynccube.ClientClosedError`. Returns how many were dropped."""
+    settled raise :class:`~asynccube.ClientClosedError`, and an argument with an
+    ``on_dropped(channel)`` method (a command whose other half waits on another
+    client's channel) is told. Returns how many were dropped."""
     kept: list[tuple[Op, tuple[Any, ...]]] = []
     dropped = 0
     for op, args in channel._queue:
@@ -190,6 +192,8 @@ def drop_unissued(channel: Ending) -> int:
                 arg.set_exception(
                     ClientClosedError("dropped at close(cancel_pending=True): never issued")
                 )
+            elif hasattr(arg, "on_dropped"):  # a command shared with another client's
+                arg.on_dropped(channel)  # (to_client's copy): the other side is told
     channel._queue.clear()
     channel._queue.extend(kept)
     return dropped

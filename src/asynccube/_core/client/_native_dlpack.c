@@ -99,6 +99,11 @@ static PyObject *consume(PyObject *self, PyObject *capsule) {
     uint64_t flags = 0;
     if (versioned) {
         const DLManagedTensorVersioned *m = managed;
+        if (m->version.major != 1) { /* the spec: refuse a major version not known */
+            PyErr_Format(PyExc_ValueError, "DLPack version %u.%u is not supported (1.x is)",
+                         (unsigned)m->version.major, (unsigned)m->version.minor);
+            return NULL;
+        }
         t = &m->dl_tensor;
         deleter = m->deleter;
         flags = m->flags;
@@ -109,6 +114,10 @@ static PyObject *consume(PyObject *self, PyObject *capsule) {
     }
     if (t->ndim < 0) {
         PyErr_Format(PyExc_ValueError, "the DLTensor has ndim %d", (int)t->ndim);
+        return NULL;
+    }
+    if (t->ndim > 0 && t->shape == NULL) {
+        PyErr_Format(PyExc_ValueError, "the DLTensor has ndim %d and no shape", (int)t->ndim);
         return NULL;
     }
     PyObject *shape = ints(t->ndim ? t->shape : NULL, t->ndim);

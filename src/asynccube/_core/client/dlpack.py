@@ -298,13 +298,22 @@ class Imported:
         if not versioned and not _capsule_is_valid(id(capsule), _NAME):
             raise DLPackError("__dlpack__ returned no unconsumed DLPack capsule")
         name = _NAME_VERSIONED if versioned else _NAME
-        self._managed = managed = _capsule_pointer(id(capsule), name)
+        managed = _capsule_pointer(id(capsule), name)
         if versioned:  # the head and the DLTensor after it, read at once
-            _, _, _, deleter, flags, *tensor = _VERSIONED_FMT.unpack(_string_at(managed, 80))
+            major, minor, _, deleter, flags, *tensor = _VERSIONED_FMT.unpack(
+                _string_at(managed, 80)
+            )
+            if major != 1:  # the spec: refuse a major version not known
+                raise ValueError(f"DLPack version {major}.{minor} is not supported (1.x is)")
         else:
             *tensor, _, deleter = _PLAIN_FMT.unpack(_string_at(managed, 64))
             flags = 0
-        self._deleter = deleter
+        ndim, dims = tensor[3], tensor[7]
+        if ndim < 0:  # checked before the capsule is consumed, as the compiled reader does
+            raise ValueError(f"the DLTensor has ndim {ndim}")
+        if ndim > 0 and not dims:
+            raise ValueError(f"the DLTensor has ndim {ndim} and no shape")
+        self._managed, self._deleter = managed, deleter  # the deleter is ours to call now
         self.read_only = bool(flags & _READ_ONLY)
         self.copied = bool(flags & _IS_COPIED)
         _capsule_set_name(capsule, _USED_VERSIONED if versioned else _USED)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from ..channel.channel import Channel
 from ..config.pools import MemoryLayout
@@ -33,7 +34,7 @@ class ClientMemory:
     the channel has the name of the client's method it serves: a graph capture's guard
     names the command after its caller."""
 
-    __slots__ = ("_channel", "_dispatch", "_movement", "_server")
+    __slots__ = ("_channel", "_dispatch", "_movement", "_server", "scratch")
 
     def __init__(
         self,
@@ -46,6 +47,10 @@ class ClientMemory:
         self._channel = channel
         self._dispatch = dispatch
         self._movement = movement
+        self.scratch: dict[Any, Any] = {}
+        """Buffers library code keeps on this client for reuse (a called reduction's
+        partials, by stream: :mod:`..kernels.reduction`); ``memory_cleanup()`` drops
+        them, so that what they hold goes back with the rest."""
 
     @property
     def server(self) -> ComputeServer:
@@ -128,6 +133,7 @@ class ClientMemory:
     def memory_cleanup(self) -> None:
         """See :meth:`ComputeClient.memory_cleanup`."""
         self._channel.check()
+        self.scratch.clear()  # their handles released first, then the cleanup runs
         self._dispatch.fire(self._server.memory_cleanup)
 
     async def set_memory_layout(

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..channel.backend import shield
 from ..channel.closing import State
-from ..errors import InvalidArgument, InvalidHandle
+from ..errors import ClientClosedError, InvalidArgument, InvalidHandle
 from ..values.stream_id import StreamId
 from ..values.types import Binding, Handle
 
@@ -192,6 +192,26 @@ class _Copy:
         """Set while the destination's command waits for the source's (it copies)."""
         self.copied: asyncio.Future[Any] | None = None
         """Set while the source's command waits for the destination's copy."""
+
+    def on_dropped(self, channel: Any) -> None:
+        """One side's command was dropped unissued (its client closed with
+        ``cancel_pending=True``): the other side, waiting or still to run, is told, so
+        that it never waits for it; the new handle carries the error."""
+        error = ClientClosedError(
+            "to_client: the other client closed with cancel_pending=True before the copy "
+            "was issued; nothing was copied"
+        )
+        if channel is self.other._channel:  # the destination's command: no copy
+            waiting = self.copied if self.phase == _EXPORTED else None
+            self.phase = _DONE  # a source command still to run does nothing
+            if waiting is not None and not waiting.done():
+                waiting.set_exception(error)
+                waiting.exception()  # retrieved: the source only gives its event back
+        elif self.phase == _DEST_WAITS:  # the source's: the destination's command waits
+            if self.ready is not None and not self.ready.done():
+                self.ready.set_exception(error)
+        elif self.phase == _NEW:  # the destination's command still to run fails the copy
+            self.phase, self.error = _EXPORTED, error
 
 
 _peer: Any = None
@@ -367,9 +387,10 @@ def _give_up(copy: _Copy, exc: BaseException) -> None:
 
 def _watched(setter: Any, loop: Any) -> asyncio.Future[Any]:
     """A future the command of ``setter`` (a Channel) sets; failed at once if that
-    channel's actor dies first (or has died)."""
+    channel's actor dies first (or has died, or the client is closed: its queue ran or
+    was dropped)."""
     fut: asyncio.Future[Any] = loop.create_future()
-    if setter.state is State.DEAD:
+    if setter.state is State.DEAD or setter.state is State.CLOSED:  # nothing runs there
         fut.set_exception(setter.unusable())
     else:
         setter.track(fut)

@@ -2,8 +2,9 @@
 one axis of a 2-D tensor, for every server.
 
 A whole-tensor reduction runs in two launches over a partials buffer. Called (not
-bound) on a CUDA client, each stream keeps one partials buffer (:class:`_Partials`)
-for every reduction it runs: the launches are stream-ordered, so reusing it is safe,
+bound) on a CUDA client, each stream keeps one partials buffer (in the client's
+``scratch``; the last four streams that called one, ``memory_cleanup()`` gives them
+back) for every reduction it runs: the launches are stream-ordered, so reusing it is safe,
 and a call then allocates nothing and both launches take the one-call route (issue 38:
 a fresh buffer per call was allocated through the actor while the last call's was still
 in use, which queued the launches behind it)."""
@@ -11,7 +12,6 @@ in use, which queued the launches behind it)."""
 from __future__ import annotations
 
 import hashlib
-import weakref
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -308,22 +308,14 @@ def _grid(size: int, per_thread: int) -> tuple[int, MetadataBinding, CubeCount, 
 
 _PARTIALS_BYTES: Final = MAX_PARTIALS * 8
 """A kept partials buffer's size: the most partials of the widest accumulator."""
-_STREAMS_KEPT: Final = 128
-"""Streams whose partials buffer a client keeps (the oldest is dropped past that)."""
+_STREAMS_KEPT: Final = 4
+"""Streams whose partials buffer a client keeps (the oldest is dropped past that): a
+service running a task per request gets a new stream per request, whose buffer would
+otherwise stay (32 KiB at most, and ``memory_cleanup()`` gives them back)."""
 
-
-class _Partials:
-    """One client's kept partials buffers, by stream (``StreamId.value``)."""
-
-    __slots__ = ("__weakref__", "by_stream")
-
-    def __init__(self) -> None:
-        self.by_stream: dict[int, tuple[Any, Any]] = {}
-        """Each stream's buffer: its Handle (keeping it) and the Binding launches take."""
-
-
-_KEPT: weakref.WeakKeyDictionary[ComputeClient, _Partials] = weakref.WeakKeyDictionary()
-"""Each client's kept partials (gone with the client: its buffers are freed then)."""
+_SCRATCH_KEY: Final = "kernels.reduction.partials"
+"""The key of the kept partials in the client's ``scratch``: ``{stream id: (Handle,
+Binding)}``, oldest first."""
 
 
 def _kept_partials(client: ComputeClient) -> Any:
@@ -339,11 +331,11 @@ def _kept_partials(client: ComputeClient) -> Any:
     channel = client._channel
     if client._fast is None or not channel.quiet():
         return None
-    kept = _KEPT.get(client)
-    if kept is None:
-        kept = _KEPT[client] = _Partials()
+    scratch = client._memory.scratch
+    by_stream = scratch.get(_SCRATCH_KEY)
+    if by_stream is None:
+        by_stream = scratch[_SCRATCH_KEY] = {}
     sid = StreamId.current().value
-    by_stream = kept.by_stream
     pair = by_stream.get(sid)
     tainted = channel.tainted_ids()
     if tainted:
