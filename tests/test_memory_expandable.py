@@ -103,6 +103,9 @@ class CheckedChunks:
         done, self.done = self.done, []
         return done
 
+    def releasable(self, first: int, count: int) -> list[tuple[int, int]]:
+        return self.allocations.releasable(first, count)
+
     @property
     def mapped(self) -> int:
         return self.chunks.count(MAPPED)
@@ -352,6 +355,47 @@ def test_random_reserves_and_frees_keep_the_invariants(
     spans = sorted((offset_of(m, h), m.storage_handle(h).size) for h in live)
     for (a, n), (b, _) in itertools.pairwise(spans):
         assert a + n <= b, "live slices overlap"
+
+
+def test_a_free_run_is_offered_without_the_chunks_a_live_allocation_keeps() -> None:
+    """40 MiB mapped in one run (allocations of 2 chunks), dropped, then 1 MiB taken at
+    its start: chunk 1 is free but shares its allocation with the live chunk 0, so the
+    empty page offered starts at chunk 2, and dropping it gives back all it says."""
+    m, pool, chunks = manager(False, None, virtual=512 * CHUNK, whole=True)
+    big = m.reserve(40 * MiB)
+    assert chunks.allocations.runs[0] == 2
+    del big
+    small = m.reserve(1 * MiB)
+    assert offset_of(m, small) == 0
+    (page,) = pool.empty_pages()
+    assert (page.handle.offset, page.handle.size) == (2 * CHUNK, 18 * CHUNK)
+    before = pool.mapped_chunks
+    pool.drop_empty_page(m.storage, page)
+    assert before - pool.mapped_chunks == 18 and pool.mapped_chunks == 2
+    check(m, pool, chunks)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=ops, whole=st.booleans())
+def test_an_empty_page_offered_gives_back_all_its_bytes(
+    ops: list[tuple[bool, int, int]], whole: bool
+) -> None:
+    """What ``empty_pages`` offers is what dropping it gives back, chunk for chunk (the
+    manager's trims and high-water bound count it): with allocations given back only
+    whole, a free run's chunks whose allocation reaches a live slice are not offered."""
+    m, pool, chunks = manager(False, None, virtual=512 * CHUNK, whole=whole)
+    live: list[Any] = []
+    for alloc, size, pick in ops:
+        if alloc or not live:
+            live.append(m.reserve(size))
+        else:
+            del live[pick % len(live)]
+    m.cleanup(explicit=False)
+    for page in pool.empty_pages():
+        before = pool.mapped_chunks
+        pool.drop_empty_page(m.storage, page)
+        assert (before - pool.mapped_chunks) * CHUNK == page.handle.size, page
+    check(m, pool, chunks)
 
 
 def _touched(pool: ExpandablePool) -> set[int]:

@@ -180,6 +180,11 @@ class VirtualRange:
         and handle."""
         return self._allocations.remove(start), self._handles.pop(start)
 
+    def releasable(self, first: int, count: int) -> list[tuple[int, int]]:
+        """The runs of chunks ``[first, first + count)`` :meth:`unmap` would give back
+        (the allocations wholly inside it)."""
+        return self._allocations.releasable(first, count)
+
     def unmapped(self) -> list[tuple[int, int]]:
         """The runs whose unmapping finished since the last call."""
         done, self._done = self._done, []

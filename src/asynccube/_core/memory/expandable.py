@@ -119,6 +119,12 @@ class ChunkBackend(Protocol):
         """The ``(first, count)`` runs whose unmapping finished since the last call."""
         ...
 
+    def releasable(self, first: int, count: int) -> list[tuple[int, int]]:
+        """The ``(first, count)`` runs of chunks ``[first, first + count)`` that
+        :meth:`unmap` would give back (the physical allocations wholly inside it,
+        adjacent ones merged)."""
+        ...
+
 
 class RangeStorage(Protocol):
     """A storage that can reserve expandable ranges (the CUDA storage, a dry one)."""
@@ -376,16 +382,19 @@ class ExpandablePool(ChainedPool):
         return runs
 
     def empty_pages(self) -> list[Page]:
-        """Each run of free chunks as a page (its handle: the range's id, the run's
-        offset and size), but the chunks a planned growth will use."""
-        g, rid = self.granularity, self.backend.handle.id
+        """Each run of free chunks the backend can give back as a page (its handle: the
+        range's id, the run's offset and size), but the chunks a planned growth will
+        use: a run's chunks whose physical allocation reaches a live slice stay mapped,
+        so they are not offered (the manager's trims count what a page gives back)."""
+        g, rid, backend = self.granularity, self.backend.handle.id, self.backend
         keep: tuple[int, int] = (0, 0)
         if self._plan is not None:
             keep = self._chunks(self._plan.offset, self.extent(self._plan.size))
         pages = []
         for first, count in self.free_runs():
             for lo, hi in _outside(first, first + count, keep):
-                pages.append(Page(StorageHandle(rid, lo * g, (hi - lo) * g)))
+                for a, n in backend.releasable(lo, hi - lo):
+                    pages.append(Page(StorageHandle(rid, a * g, n * g)))
         return pages
 
     def drop_empty_page(self, storage: ComputeStorage[object], page: Page) -> None:

@@ -286,6 +286,17 @@ class ChunkAllocations:
             i = stop
         return released, kept
 
+    def releasable(self, first: int, count: int) -> list[tuple[int, int]]:
+        """The runs of ``[first, first + count)`` an unmap gives back: the allocations
+        wholly inside it, adjacent ones merged."""
+        runs: list[tuple[int, int]] = []
+        for start, size in self.release_plan(first, count)[0]:
+            if runs and runs[-1][0] + runs[-1][1] == start:
+                runs[-1] = (runs[-1][0], runs[-1][1] + size)
+            else:
+                runs.append((start, size))
+        return runs
+
 
 class DryChunks:
     """A ``ChunkBackend`` (:mod:`.expandable`) that maps nothing: chunks are only
@@ -333,6 +344,10 @@ class DryChunks:
         done = list(self._done)
         self._done.clear()
         return done
+
+    def releasable(self, first: int, count: int) -> list[tuple[int, int]]:
+        """The runs of ``[first, first + count)`` :meth:`unmap` would give back."""
+        return self.allocations.releasable(first, count)
 
 
 _ZERO: Final = np.zeros(1, np.uint8)
