@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -32,6 +32,7 @@ __all__ = [
     "cube_count",
     "new_bindings",
     "read_args",
+    "remember",
     "scalar_bindings",
     "scalar_groups",
 ]
@@ -40,6 +41,8 @@ _INT64 = np.iinfo(np.int64)
 _SUPPORTED: Final = frozenset(SUPPORTED)
 _CACHE_MAX: Final = 1024
 """Entries each shared-value cache keeps (cleared when full)."""
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 _STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
 _METADATA: dict[tuple[int, ...], MetadataBinding] = {}
 _CUBES: dict[int, CubeCount] = {}
@@ -47,7 +50,9 @@ _SCALARS: dict[tuple[Any, ...], ScalarBinding] = {}
 _ALLOWED: dict[tuple[tuple[str, ...], tuple[str, ...]], frozenset[str]] = {}
 
 
-def _remember(cache: dict[Any, Any], key: Any, value: Any) -> Any:
+def remember(cache: dict[_K, _V], key: _K, value: _V) -> _V:
+    """``cache[key] = value`` in a cache of shared values bounded to ``_CACHE_MAX``
+    entries (cleared when full); returns ``value``."""
     if len(cache) >= _CACHE_MAX:
         cache.clear()
     cache[key] = value
@@ -87,7 +92,7 @@ def read_args(
     key = (tuple(inputs), tuple(optional))
     allowed = _ALLOWED.get(key)
     if allowed is None:
-        allowed = _remember(_ALLOWED, key, frozenset(key[0] + key[1]))
+        allowed = remember(_ALLOWED, key, frozenset(key[0] + key[1]))
     if not given.keys() <= allowed or not all(name in given for name in key[0]):
         _check_names(what, key[0], key[1], given)
     tensors: dict[str, Tensor] = {}
@@ -138,7 +143,7 @@ def _tensor_dtype(what: str, client: ComputeClient, name: str, tensor: Tensor) -
     shape = tensor.shape
     strides = _STRIDES.get(shape)
     if strides is None:
-        strides = _remember(_STRIDES, shape, contiguous_strides(shape))
+        strides = remember(_STRIDES, shape, contiguous_strides(shape))
     if tensor.strides != strides:
         raise InvalidArgument(
             f"{what}: tensor {name!r} is not C-contiguous (strides {tensor.strides}); "
@@ -212,7 +217,7 @@ def scalar_bindings(
             values = [int(v) if isinstance(v, bool | np.bool_) else v for v in values]
             sb = ScalarBinding(dt, values)
             if all(_keyable(v) for v in values):
-                _remember(_SCALARS, key, sb)
+                remember(_SCALARS, key, sb)
         bindings.scalars[sb.ty] = sb
     return bindings
 
@@ -233,7 +238,7 @@ def count_metadata(*counts: int) -> MetadataBinding:
             words += [n & 0xFFFFFFFF, n >> 32]
         meta = MetadataBinding(np.array(words, np.uint32))
         meta.data.flags.writeable = False
-        _remember(_METADATA, counts, meta)
+        remember(_METADATA, counts, meta)
     return meta
 
 
@@ -241,5 +246,5 @@ def cube_count(blocks: int) -> CubeCount:
     """``CubeCount(blocks)``, shared by every launch of that many blocks."""
     cubes = _CUBES.get(blocks)
     if cubes is None:
-        cubes = _remember(_CUBES, blocks, CubeCount(blocks))
+        cubes = remember(_CUBES, blocks, CubeCount(blocks))
     return cubes

@@ -145,6 +145,36 @@ def tile_index(idx: str) -> str:
     return f"const {idx} j = base + threadIdx.x + (unsigned int)u * {BLOCK}u;"
 
 
+def tile_loop(
+    idx: str, width: int, unroll: int, loads: str, element: str, before: str = "", after: str = ""
+) -> str:
+    """The aligned path of a vector kernel (elementwise and the reduction's first pass):
+    grid-stride over tiles of ``BLOCK * unroll`` vectors of ``width`` elements, each
+    tile's ``loads`` issued before any use, then per vector ``before``, ``element`` for
+    each of its lanes (``e``), ``after``; ``i`` is left past the vectors, for the scalar
+    tail."""
+    tile = BLOCK * unroll
+    inner = [f"{before}\n                " if before else "", "#pragma unroll\n"]
+    inner.append(f"                for (int e = 0; e < {width}; ++e) {{ {element} }}")
+    if after:
+        inner.append(f"\n                {after}")
+    return f"""if (aligned) {{
+        const {idx} nv = n / {width}u;
+        for ({idx} base = ({idx})blockIdx.x * {tile}u; base < nv;
+             base += ({idx})gridDim.x * {tile}u) {{
+        {loads}
+        #pragma unroll
+        for (int u = 0; u < {unroll}; ++u) {{
+            {tile_index(idx)}
+            if (j < nv) {{
+                {"".join(inner)}
+            }}
+        }}
+        }}
+        i += nv * {width}u;
+    }}"""
+
+
 def aligned_check(pointers: Sequence[tuple[str, int]]) -> str:
     """``const bool aligned``: each ``(pointer, bytes)`` is aligned to ``bytes``."""
     terms = [f"((unsigned long long)({p}) & {b - 1}ULL)" for p, b in pointers if b > 1]
@@ -201,7 +231,6 @@ def elementwise_source(
     pointers = [(f"p{k}", width * dt.itemsize) for k, (_, dt) in enumerate(parts.arrays)]
     pointers += [(f"q{j}", width * dt.itemsize) for j, dt in enumerate(outputs)]
     loads = "\n        ".join(parts.vector_loads(width, unroll, idx, "nv"))
-    tile = BLOCK * unroll
     stride = f"({idx})blockDim.x * gridDim.x"
     return f"""{PREAMBLE}{VEC_TYPE}
 extern "C" __global__ void __launch_bounds__({BLOCK}) ac_elementwise({parts.params()}) {{
@@ -209,24 +238,7 @@ extern "C" __global__ void __launch_bounds__({BLOCK}) ac_elementwise({parts.para
     {" ".join(parts.scalar_lines())}
     {aligned_check(pointers)}
     {idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x;
-    if (aligned) {{
-        const {idx} nv = n / {width}u;
-        for ({idx} base = ({idx})blockIdx.x * {tile}u; base < nv;
-             base += ({idx})gridDim.x * {tile}u) {{
-        {loads}
-        #pragma unroll
-        for (int u = 0; u < {unroll}; ++u) {{
-            {tile_index(idx)}
-            if (j < nv) {{
-                {packs}
-                #pragma unroll
-                for (int e = 0; e < {width}; ++e) {{ {element} }}
-                {writes}
-            }}
-        }}
-        }}
-        i += nv * {width}u;
-    }}
+    {tile_loop(idx, width, unroll, loads, element, packs, writes)}
     for (; i < n; i += {stride}) {{
         {scalar}
     }}

@@ -23,7 +23,7 @@ from .cuda_gen import (
     index_type,
     store,
     tile_elements,
-    tile_index,
+    tile_loop,
 )
 from .dtypes import c_value
 from .typing import Typed
@@ -110,7 +110,6 @@ def partial_source(
     )
     pointers = [(f"p{k}", width * dt.itemsize) for k, (_, dt) in enumerate(parts.arrays)]
     loads = "\n        ".join(parts.vector_loads(width, unroll, idx, "nv"))
-    tile = BLOCK * unroll
     return f"""{_helpers(op, acc)}
 extern "C" __global__ void __launch_bounds__({BLOCK}) ac_reduce_partial({parts.params()}) {{
     {count_lines(wide)}
@@ -118,22 +117,7 @@ extern "C" __global__ void __launch_bounds__({BLOCK}) ac_reduce_partial({parts.p
     {aligned_check(pointers)}
     {c_value(acc)} acc = {c_identity(op, acc)};
     {idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x;
-    if (aligned) {{
-        const {idx} nv = n / {width}u;
-        for ({idx} base = ({idx})blockIdx.x * {tile}u; base < nv;
-             base += ({idx})gridDim.x * {tile}u) {{
-        {loads}
-        #pragma unroll
-        for (int u = 0; u < {unroll}; ++u) {{
-            {tile_index(idx)}
-            if (j < nv) {{
-                #pragma unroll
-                for (int e = 0; e < {width}; ++e) {{ {element} }}
-            }}
-        }}
-        }}
-        i += nv * {width}u;
-    }}
+    {tile_loop(idx, width, unroll, loads, element)}
     for (; i < n; i += ({idx})blockDim.x * gridDim.x) {{
         {_element(parts, mapped, acc, "i")}
     }}

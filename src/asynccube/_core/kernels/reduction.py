@@ -32,6 +32,7 @@ from .binding import (
     cube_count,
     new_bindings,
     read_args,
+    remember,
     scalar_bindings,
     scalar_groups,
 )
@@ -300,10 +301,7 @@ def _grid(size: int, per_thread: int) -> tuple[int, MetadataBinding, CubeCount, 
     """The entry of :data:`_GRIDS` for ``size`` and ``per_thread`` (made, kept)."""
     groups = max(1, min(MAX_PARTIALS, -(-size // (BLOCK * per_thread))))
     grid = (groups, count_metadata(size), cube_count(groups), _groups_metadata(groups))
-    if len(_GRIDS) >= 1024:
-        _GRIDS.clear()
-    _GRIDS[(size, per_thread)] = grid
-    return grid
+    return remember(_GRIDS, (size, per_thread), grid)
 
 
 _PARTIALS_BYTES: Final = MAX_PARTIALS * 8
