@@ -5,6 +5,16 @@ spends on the calling (loop) thread, and a cProfile of awaited calls.
     python benchmarks/profile_collectives.py --devices cuda:0,cuda:1
     python benchmarks/profile_collectives.py --raw-only      # NCCL's issue cost alone
 
+``--fake`` needs no GPU: two CUDA servers ("cuda:0", "cuda:1") over
+``bench_overhead.py``'s no-op driver and a no-op NCCL library (:class:`NoopNccl`); it
+prints the loop thread's CPU per call (``time.thread_time``, best of ``--rounds``) of
+each collective at 64 KiB, awaited (``await ac.all_reduce(...)``) and queued (10 calls,
+then their awaitables awaited in turn), and cProfile's Python calls per call: the host
+work of one call, which the GPU figures of ``bench_collectives.py`` pay on top of NCCL's.
+
+    PYTHONPATH=src python benchmarks/profile_collectives.py --fake
+    ASYNCCUBE_NO_EXTENSIONS=1 PYTHONPATH=src python benchmarks/profile_collectives.py --fake
+
 Prints a report (nothing written to results/): the profile explains a figure of
 ``bench_collectives.py``; it is not a figure itself.
 """
@@ -109,13 +119,150 @@ async def asynccube_profile(devices: list[str], calls: int) -> None:
             await c.close()
 
 
+class NoopNccl:
+    """Stands in for :class:`asynccube._core.cuda.nccl.Nccl`: every call returns at once."""
+
+    def comm_init_all(self, devices: list[int]) -> list[int]:
+        return [100 + d for d in devices]
+
+    def comm_destroy(self, comm: int) -> None:
+        pass
+
+    def group_start(self) -> None:
+        pass
+
+    def group_end(self) -> None:
+        pass
+
+    def all_reduce(self, *args: object) -> None:
+        pass
+
+    def broadcast(self, *args: object) -> None:
+        pass
+
+    def all_gather(self, *args: object) -> None:
+        pass
+
+    def reduce_scatter(self, *args: object) -> None:
+        pass
+
+
+def _fake_clients(loop: asyncio.AbstractEventLoop) -> list[object]:
+    """Two clients of CUDA servers of "devices" 0 and 1 over the no-op driver."""
+    import bench_overhead
+
+    from asynccube._core.client.client import ComputeClient
+    from asynccube._core.cuda.driver import DeviceContext
+    from asynccube._core.cuda.server import CudaServer
+    from asynccube._core.server.protocol import DeviceProperties
+
+    out = []
+    for ordinal in (0, 1):
+        props = DeviceProperties("fake", "cuda", 512, 16 << 30, dict(FAKE_EXTRA))
+        ctx = DeviceContext(ordinal, ordinal + 1, ordinal + 1)
+        server = CudaServer(ctx, properties=props)
+        out.append(ComputeClient(server, loop))
+    del bench_overhead
+    return out
+
+
+FAKE_EXTRA = {
+    "max_grid_dim": (2**31 - 1, 65535, 65535),
+    "arch": "sm_80",
+    "max_threads_per_block": 1024,
+    "max_block_dim": (1024, 1024, 64),
+    "max_shared_memory_per_block_optin": 227 << 10,
+}
+
+
+def _fake_calls(pairs: list[tuple[object, object]], triples: list[tuple[object, ...]]) -> dict[str, object]:
+    import asynccube as ac
+
+    return {
+        "all_reduce": lambda: ac.all_reduce(pairs, "float32"),
+        "broadcast": lambda: ac.broadcast(pairs),
+        "all_gather": lambda: ac.all_gather(triples),
+        "reduce_scatter": lambda: ac.reduce_scatter(
+            [(c, o, i) for c, i, o in triples], "float32"
+        ),
+    }
+
+
+async def fake_profile(args: argparse.Namespace) -> None:
+    """The loop thread's CPU per collective call over the no-op driver and NCCL."""
+    import numpy as np
+
+    from asynccube._core.cuda.native.hotpath import ACTIVE
+
+    clients: list = _fake_clients(asyncio.get_running_loop())
+    nbytes = 64 << 10
+    pairs = [(c, c.create(np.zeros(nbytes // 4, np.float32))) for c in clients]
+    triples = [
+        (c, c.create(np.zeros(nbytes // 4, np.float32)), c.create(np.zeros(nbytes // 2, np.float32)))
+        for c in clients
+    ]
+    calls = _fake_calls(pairs, triples)
+    print(f"\n{ACTIVE}, 2 fake CUDA clients, 64 KiB a client, best of {args.rounds} rounds:")
+    try:
+        for name, call in calls.items():
+            for _ in range(50):  # warm: communicators made, the kind found fast
+                await call()
+            awaited, queued = [], []
+            for _ in range(args.rounds):
+                t0 = time.thread_time()
+                for _ in range(args.calls):
+                    await call()
+                awaited.append((time.thread_time() - t0) / args.calls)
+                t0 = time.thread_time()
+                for _ in range(args.calls // 10):
+                    batch = [call() for _ in range(10)]
+                    for aw in batch:
+                        await aw
+                queued.append((time.thread_time() - t0) / (args.calls // 10 * 10))
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.calls):
+                await call()
+            prof.disable()
+            stats = pstats.Stats(prof)
+            per = stats.total_calls / args.calls  # type: ignore[attr-defined]
+            print(
+                f"  {name:14s} awaited {min(awaited) * 1e6:7.1f} µs, queued "
+                f"{min(queued) * 1e6:7.1f} µs/call (loop thread CPU); "
+                f"{per:.0f} Python calls per awaited call"
+            )
+            if args.top and name == "all_reduce":
+                stats.sort_stats("tottime").print_stats(args.top)
+    finally:
+        for c in clients:
+            await c.close()
+
+
+def _install_fake_nccl() -> None:
+    import bench_overhead
+
+    from asynccube._core.cuda import nccl
+
+    bench_overhead.install_fake()
+    fake = NoopNccl()
+    nccl._found[:] = ["noop-nccl"]
+    nccl.load = lambda path: fake  # type: ignore[assignment]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", default="cuda:0,cuda:1")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--raw-only", action="store_true")
     parser.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fake", action="store_true", help="no GPU: no-op driver and NCCL")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--top", type=int, default=0, help="cProfile's top functions (--fake)")
     args = parser.parse_args()
+    if args.fake:
+        _install_fake_nccl()
+        asyncio.run(fake_profile(args))
+        return
     n = len(args.devices.split(","))
     if args.raw_child:
         raw_issue_cost(n)
