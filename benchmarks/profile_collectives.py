@@ -175,16 +175,16 @@ FAKE_EXTRA = {
 }
 
 
-def _fake_calls(pairs: list[tuple[object, object]], triples: list[tuple[object, ...]]) -> dict[str, object]:
+def _fake_calls(
+    pairs: list[tuple[object, object]], triples: list[tuple[object, ...]]
+) -> dict[str, object]:
     import asynccube as ac
 
     return {
         "all_reduce": lambda: ac.all_reduce(pairs, "float32"),
         "broadcast": lambda: ac.broadcast(pairs),
         "all_gather": lambda: ac.all_gather(triples),
-        "reduce_scatter": lambda: ac.reduce_scatter(
-            [(c, o, i) for c, i, o in triples], "float32"
-        ),
+        "reduce_scatter": lambda: ac.reduce_scatter([(c, o, i) for c, i, o in triples], "float32"),
     }
 
 
@@ -198,7 +198,11 @@ async def fake_profile(args: argparse.Namespace) -> None:
     nbytes = 64 << 10
     pairs = [(c, c.create(np.zeros(nbytes // 4, np.float32))) for c in clients]
     triples = [
-        (c, c.create(np.zeros(nbytes // 4, np.float32)), c.create(np.zeros(nbytes // 2, np.float32)))
+        (
+            c,
+            c.create(np.zeros(nbytes // 4, np.float32)),
+            c.create(np.zeros(nbytes // 2, np.float32)),
+        )
         for c in clients
     ]
     calls = _fake_calls(pairs, triples)
@@ -232,7 +236,7 @@ async def fake_profile(args: argparse.Namespace) -> None:
                 f"{per:.0f} Python calls per awaited call"
             )
             if args.top and name == "all_reduce":
-                stats.sort_stats("tottime").print_stats(args.top)
+                stats.sort_stats(args.sort).print_stats(args.top)
     finally:
         for c in clients:
             await c.close()
@@ -258,6 +262,7 @@ def main() -> None:
     parser.add_argument("--fake", action="store_true", help="no GPU: no-op driver and NCCL")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--top", type=int, default=0, help="cProfile's top functions (--fake)")
+    parser.add_argument("--sort", default="tottime", help="cProfile's order (--fake --top)")
     args = parser.parse_args()
     if args.fake:
         _install_fake_nccl()

@@ -39,7 +39,7 @@ from .collective_checks import (
     ReduceOp,
     apart,
     check_count,
-    check_dtype,
+    check_kind,
     check_op,
     entries,
     one_size,
@@ -74,17 +74,18 @@ def all_reduce(
     name = "all_reduce"
     checked = entries(name, pairs, 2)
     clients = [e[0] for e in checked]
-    kind, reduce = check_dtype(name, dtype), check_op(name, op)
+    (kind, tname), reduce = check_kind(name, dtype), check_op(name, op)
     size = one_size(name, "buffers", clients, [e[1] for e in checked])
-    n = check_count(name, count, kind.name, _whole(name, size, kind), kind.itemsize)
-    path = _nccl_path(clients, kind.name)
+    n = check_count(name, count, tname, _whole(name, size, kind), kind.itemsize)
+    path = _nccl_path(clients, tname)
+    stream = StreamId.current()
     if path is not None and n:
         ranks: list[Rank] = [(c, (b,), (b,)) for c, b in checked]
 
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
-            cuda.issue(comms, sides, n, kind.name, reduce)
+            cuda.issue(comms, sides, n, tname, reduce)
 
-        nccl_run(ranks, issue, path, name, (name, kind.name, reduce, n.bit_length()))
+        nccl_run(ranks, issue, path, name, (name, tname, reduce, n.bit_length()), stream)
     elif n and len(checked) > 1:
         nbytes = n * kind.itemsize
 
@@ -93,7 +94,7 @@ def all_reduce(
 
         reads = [(c, b, nbytes) for c, b in checked]
         staged_run(Staged(reads, checked, compute, nbytes * len(checked), name))
-    return _Collective(clients, _origin(), name)
+    return _Collective(clients, _origin(), name, stream)
 
 
 def broadcast(
@@ -123,6 +124,7 @@ def broadcast(
     size = one_size(name, "buffers", clients, [e[1] for e in checked])
     nbytes = check_count(name, count, "bytes", size, 1)
     path = _nccl_path(clients, "uint8")
+    stream = StreamId.current()
     if path is not None and nbytes:
         ranks: list[Rank] = [
             (c, (b,), () if i == root else (b,)) for i, (c, b) in enumerate(checked)
@@ -131,7 +133,7 @@ def broadcast(
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
             cuda.broadcast(comms, sides, nbytes, root)
 
-        nccl_run(ranks, issue, path, name, (name, root, nbytes.bit_length()))
+        nccl_run(ranks, issue, path, name, (name, root, nbytes.bit_length()), stream)
     elif nbytes and len(checked) > 1:
 
         def compute(arrays: list[Any]) -> list[Any]:
@@ -141,7 +143,7 @@ def broadcast(
         reads = [(checked[root][0], checked[root][1], nbytes)]
         writes = [(c, None if i == root else b) for i, (c, b) in enumerate(checked)]
         staged_run(Staged(reads, writes, compute, 0, name))
-    return _Collective(clients, _origin(), name)
+    return _Collective(clients, _origin(), name, stream)
 
 
 def all_gather(
@@ -164,13 +166,14 @@ def all_gather(
     chunk = one_size(name, "inputs", clients, [e[1] for e in checked])
     _outputs(name, checked, n * chunk, f"{n} x {chunk}")
     path = _nccl_path(clients, "uint8")
+    stream = StreamId.current()
     if path is not None and chunk:
         ranks: list[Rank] = [(c, (i, o), (o,)) for c, i, o in checked]
 
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
             cuda.all_gather(comms, sides, chunk)
 
-        nccl_run(ranks, issue, path, name, (name, chunk.bit_length()))
+        nccl_run(ranks, issue, path, name, (name, chunk.bit_length()), stream)
     elif chunk:
 
         def compute(arrays: list[Any]) -> list[Any]:
@@ -180,7 +183,7 @@ def all_gather(
         reads = [(c, i, chunk) for c, i, _ in checked]
         writes = [(c, o) for c, _, o in checked]
         staged_run(Staged(reads, writes, compute, n * chunk, name))
-    return _Collective(clients, _origin(), name)
+    return _Collective(clients, _origin(), name, stream)
 
 
 def reduce_scatter(
@@ -203,25 +206,26 @@ def reduce_scatter(
     name = "reduce_scatter"
     checked = entries(name, triples, 3)
     clients, n = [e[0] for e in checked], len(checked)
-    kind, reduce = check_dtype(name, dtype), check_op(name, op)
+    (kind, tname), reduce = check_kind(name, dtype), check_op(name, op)
     size = one_size(name, "inputs", clients, [e[1] for e in checked])
     if size % (n * kind.itemsize):
         raise InvalidArgument(
             f"reduce_scatter's inputs hold {size} bytes, not {n} chunks (one per client) "
-            f"of whole {kind.name} ({kind.itemsize} bytes each); pass inputs of "
+            f"of whole {tname} ({kind.itemsize} bytes each); pass inputs of "
             f"{n} x k x {kind.itemsize} bytes"
         )
     chunk = size // n
     _outputs(name, checked, chunk, f"{size} / {n}")
     count = chunk // kind.itemsize
-    path = _nccl_path(clients, kind.name)
+    path = _nccl_path(clients, tname)
+    stream = StreamId.current()
     if path is not None and count:
         ranks: list[Rank] = [(c, (i, o), (o,)) for c, i, o in checked]
 
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
-            cuda.reduce_scatter(comms, sides, count, kind.name, reduce)
+            cuda.reduce_scatter(comms, sides, count, tname, reduce)
 
-        nccl_run(ranks, issue, path, name, (name, kind.name, reduce, count.bit_length()))
+        nccl_run(ranks, issue, path, name, (name, tname, reduce, count.bit_length()), stream)
     elif count:
 
         def compute(arrays: list[Any]) -> list[Any]:
@@ -231,7 +235,7 @@ def reduce_scatter(
         reads = [(c, i, size) for c, i, _ in checked]
         writes = [(c, o) for c, _, o in checked]
         staged_run(Staged(reads, writes, compute, n * size, name))
-    return _Collective(clients, _origin(), name)
+    return _Collective(clients, _origin(), name, stream)
 
 
 def _whole(name: str, size: int, kind: np.dtype[Any]) -> int:
@@ -254,15 +258,23 @@ def _outputs(name: str, checked: list[tuple[Any, ...]], size: int, how: str) -> 
         apart(name, i, source, dest)
 
 
+_nccl: Any = None
+""":mod:`..cuda.nccl`, once a collective of CUDA clients asked (not imported before)."""
+
+
 def _nccl_path(clients: list[ComputeClient], dtype: str) -> str | None:
     """The NCCL library's path where NCCL takes this collective, else None."""
-    if any(c.properties.kind != "cuda" for c in clients):
-        return None
-    from ..cuda import nccl
+    for client in clients:
+        if client.properties.kind != "cuda":
+            return None
+    global _nccl
+    if _nccl is None:
+        from ..cuda import nccl
 
-    if dtype not in nccl.DTYPES:
+        _nccl = nccl
+    if dtype not in _nccl.DTYPES:
         return None
-    return nccl.find_library()
+    return _nccl.find_library()  # type: ignore[no-any-return]
 
 
 def _origin() -> tuple[str, int]:
@@ -272,32 +284,41 @@ def _origin() -> tuple[str, int]:
 
 
 class _Collective:
-    """What a collective returns. Awaiting it queues a sync on each client (for the
-    stream of the call) and awaits them in turn, raising the first failure (the others
+    """What a collective returns. Awaiting it syncs each client (for the stream of the
+    call: :meth:`_sync`) and awaits them in turn, raising the first failure (the others
     attached as notes). Never awaited, it warns, as any client awaitable does, and each
     client's failure stays held for that client's stream: its next awaited call there
     raises it."""
 
     __slots__ = ("_clients", "_futures", "_name", "_origin", "_stream")
 
-    def __init__(self, clients: list[ComputeClient], origin: tuple[str, int], name: str) -> None:
+    def __init__(
+        self, clients: list[ComputeClient], origin: tuple[str, int], name: str, stream: StreamId
+    ) -> None:
         self._clients = clients
-        self._stream = StreamId.current()
+        self._stream = stream
         self._origin = origin
         self._name = name
         self._futures: list[asyncio.Future[None]] | None = None
 
     def __await__(self) -> Generator[Any, None, None]:
         if self._futures is None:
-            self._futures = [self._sync(c) for c in self._clients]
+            own = StreamId.current() == self._stream
+            self._futures = [self._sync(c, own) for c in self._clients]
             for fut in self._futures[1:]:  # awaited in turn: a cancel stops at the first
                 fut.add_done_callback(_looked_at)
         return self._wait(self._futures).__await__()
 
-    def _sync(self, client: ComputeClient) -> asyncio.Future[None]:
-        """``client.sync()``'s route for the call's stream (no fast path): completes once
-        the work queued so far is done; raises the errors held for the stream."""
+    def _sync(self, client: ComputeClient, own: bool) -> asyncio.Future[None]:
+        """A sync of ``client`` for the call's stream: completes once the work queued so
+        far is done; raises the errors held for the stream. ``own``: awaited from the
+        calling task (the usual case): ``client.sync()`` itself, with its one-call route, the
+        client's device made current first (that route asks it); from another task, the
+        route alone, for the call's stream."""
         channel = client._channel
+        if own:
+            channel.activate()
+            return client.sync()
         channel.check()
         return channel.request(channel.await_completion, self._stream, client.server.sync)
 

@@ -23,6 +23,7 @@ __all__ = [
     "apart",
     "check_count",
     "check_dtype",
+    "check_kind",
     "check_op",
     "entries",
     "one_size",
@@ -133,8 +134,23 @@ def apart(name: str, i: int, source: Binding, dest: Binding) -> None:
         )
 
 
+_KINDS: dict[object, tuple[np.dtype[Any], str]] = {}
+"""``check_dtype``'s answers by the dtype given (a name, a numpy type or dtype): asking
+numpy costs more than the rest of a small collective's checks."""
+_OPS: Final = {o.value: o.value for o in ReduceOp}
+
+
 def check_dtype(name: str, dtype: object) -> np.dtype[Any]:
     """``dtype`` as a numpy dtype of :data:`DTYPES` (native byte order)."""
+    return check_kind(name, dtype)[0]
+
+
+def check_kind(name: str, dtype: object) -> tuple[np.dtype[Any], str]:
+    """``dtype`` as a numpy dtype of :data:`DTYPES` (native byte order), and its name."""
+    try:
+        return _KINDS[dtype]
+    except (KeyError, TypeError):  # not asked yet, or unhashable
+        pass
     kind: np.dtype[Any] | None
     try:
         kind = np.dtype(dtype)  # type: ignore[call-overload]
@@ -144,14 +160,20 @@ def check_dtype(name: str, dtype: object) -> np.dtype[Any]:
         raise InvalidArgument(
             f"{name} does not reduce dtype {dtype!r}; use one of {', '.join(DTYPES)}"
         )
-    return kind
+    try:
+        if len(_KINDS) >= 64:  # bounded: a caller making new dtype objects each call
+            _KINDS.clear()
+        _KINDS[dtype] = (kind, kind.name)
+    except TypeError:  # unhashable (a list of fields would have failed above)
+        pass
+    return kind, kind.name
 
 
 def check_op(name: str, op: object) -> str:
     """``op``'s name, one of :class:`ReduceOp`'s."""
     try:
-        return ReduceOp(op).value  # type: ignore[arg-type]  # checked: ValueError
-    except ValueError:
+        return _OPS[op]  # type: ignore[index]  # a str or a ReduceOp (a str too)
+    except (KeyError, TypeError):
         raise InvalidArgument(
             f"{name}'s op must be one of {', '.join(o.value for o in ReduceOp)} "
             f"(or an ac.ReduceOp), got {op!r}"

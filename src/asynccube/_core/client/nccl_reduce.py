@@ -42,10 +42,16 @@ Outcome = tuple[BaseException | None, bool]
 """(the error, or None; whether the buffers may have been touched: tainted then)."""
 
 
-def _cuda() -> Any:
-    from ..cuda import collective
+_collective: Any = None
 
-    return collective
+
+def _cuda() -> Any:
+    global _collective
+    if _collective is None:
+        from ..cuda import collective
+
+        _collective = collective
+    return _collective
 
 
 class _Job:
@@ -61,9 +67,10 @@ class _Job:
         what: str,
         first: ComputeClient,
         key: Hashable | None,
+        stream: StreamId | None = None,
     ) -> None:
         self.ranks, self.issue, self.path, self.what, self.key = ranks, issue, path, what, key
-        self.stream = StreamId.current()
+        self.stream = StreamId.current() if stream is None else stream
         self.sides: list[asyncio.Future[Any]] = []
         for client, _, _ in ranks:
             side: asyncio.Future[Any] = first.loop.create_future()
@@ -74,18 +81,127 @@ class _Job:
 
 
 def nccl_run(
-    ranks: Sequence[Rank], issue: Issue, path: str, what: str, key: Hashable | None = None
+    ranks: Sequence[Rank],
+    issue: Issue,
+    path: str,
+    what: str,
+    key: Hashable | None = None,
+    stream: StreamId | None = None,
 ) -> None:
     """Queue the collective ``what`` over NCCL on every client (see above). ``key``:
     its kind (the collective, type, operation and size class: calls of one kind take
-    the same path in NCCL), or None to always issue on the set's thread."""
+    the same path in NCCL), or None to always issue on the set's thread; ``stream``:
+    the caller's (None: looked up)."""
+    if stream is None:
+        stream = StreamId.current()
+    if _run_now(ranks, issue, what, key, stream):
+        return
     first = ranks[0][0]
-    job = _Job(ranks, issue, path, what, first, key)
+    job = _Job(ranks, issue, path, what, first, key, stream)
     for i, (client, _, _) in enumerate(ranks):
         client._channel.send(_prepare, job, i)
     first._channel.send(_issue_when_prepared, first, job)
     for i, (client, _, _) in enumerate(ranks):
         client._channel.send(_after_issue, job, i)
+
+
+def _run_now(
+    ranks: Sequence[Rank], issue: Issue, what: str, key: Hashable | None, stream: StreamId
+) -> bool:
+    """Run the whole collective now, in one step (see above), if it may: True once done
+    (its failure held on every client), False for the commands' route."""
+    for client, bindings, _ in ranks:
+        channel = client._channel
+        if not channel.quiet() or not channel.can_run_now():
+            return False
+        tainted = channel.tainted_ids()
+        if tainted and any(b.memory.id in tainted for b in bindings):
+            return False  # the route holds that failure for every client
+    cuda = _cuda()
+    comms = cuda.cached([c.server for c, _, _ in ranks])
+    if comms is None or not comms.inline_ready(key):
+        return False
+    ranks[0][0]._channel.send(_now, ranks, issue, what, key, comms, cuda, stream)
+    return True
+
+
+def _now(
+    ranks: Sequence[Rank],
+    issue: Issue,
+    what: str,
+    key: Hashable | None,
+    comms: Any,
+    cuda: Any,
+    stream: StreamId,
+) -> None:
+    """The whole collective, run by the first client's ``send`` at once (its device
+    current): every side prepared, the group issued in place, every buffer held. Never
+    raises (the channel would die): failures are held as the route's after steps hold
+    them."""
+    sides: list[Any] = []
+    try:
+        for i, (client, bindings, _) in enumerate(ranks):
+            if i:  # the first's device is current (its send made it)
+                client._channel.activate()
+            sides.append(cuda.prepare(client.server, bindings, stream))
+    except BaseException as exc:
+        _ended(ranks)
+        _hold_all(ranks, stream, what, exc, False)
+        return
+    prepared = [(c.server, s) for (c, _, _), s in zip(ranks, sides, strict=True)]
+    try:
+        ran = comms.run_inline(key, lambda: issue(cuda, comms, prepared))
+    except BaseException as exc:
+        _ended(ranks)
+        _hold_all(ranks, stream, what, exc, True)
+        return
+    if not ran:  # the set is being destroyed (a client closing): as the route does
+        _hand_over(ranks, issue, what, key, comms, sides, stream)
+        return
+    for (client, bindings, _), side in zip(ranks, sides, strict=True):
+        cuda.finish(client.server, side, bindings)
+    _ended(ranks)
+
+
+def _ended(ranks: Sequence[Rank]) -> None:
+    """Every other client's batch ends with the loop iteration too (the first's
+    ``send`` ends its own); the first's device is made current again."""
+    for client, _, _ in ranks[1:]:
+        client._channel.ran_inline()
+    ranks[0][0]._channel.activate()
+
+
+def _hold_all(
+    ranks: Sequence[Rank], stream: StreamId, what: str, exc: BaseException, touched: bool
+) -> None:
+    """Hold the collective's failure ``exc`` on every client (tainting what each one's
+    call writes where NCCL may have touched it), as :func:`_after` does."""
+    for client, _, written in ranks:
+        error = failed(exc, client, len(ranks), touched, what)
+        if touched and written:
+            client._channel.taint(stream, list(written), error)
+        client._channel.hold(stream, error)
+
+
+def _hand_over(
+    ranks: Sequence[Rank],
+    issue: Issue,
+    what: str,
+    key: Hashable | None,
+    comms: Any,
+    sides: list[Any],
+    stream: StreamId,
+) -> None:
+    """The prepared collective through the route's issue and after steps (the set
+    refused to run it in place)."""
+    first = ranks[0][0]
+    job = _Job(ranks, issue, "", what, first, key, stream)
+    for fut, side in zip(job.sides, sides, strict=True):
+        fut.set_result(side)
+    _issue(first, comms, job)
+    for i, (client, _, _) in enumerate(ranks):
+        client._channel.send(_after_issue, job, i)
+    _ended(ranks)
 
 
 def _prepare(job: _Job, i: int) -> None:

@@ -168,6 +168,11 @@ class Comms:
         after the calls submitted before; see :meth:`IssueThread.submit`."""
         self.thread.submit(call, done)
 
+    def inline_ready(self, key: Hashable | None) -> bool:
+        """True when a group of kind ``key`` would run on the caller's thread now (see
+        :meth:`run_inline`, which may still decline: the set destroyed meanwhile)."""
+        return key in self._fast and not self.destroyed and self.thread.idle()
+
     def run_inline(self, key: Hashable | None, call: Callable[[], None]) -> bool:
         """Run ``call`` (a group of kind ``key``) on the caller's thread, if it may run
         there now: its kind's last group was fast, the issue thread has nothing queued,
