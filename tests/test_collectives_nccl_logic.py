@@ -261,3 +261,137 @@ async def test_a_kind_nccl_issued_fast_is_issued_in_place_until_it_is_slow(
         assert lib.threads and loop_thread not in lib.threads  # back to the thread
         ends = [c for c in lib.calls if c[0] == "end"]
         assert len(ends) == 7
+
+
+# -- one step when every actor is idle ---------------------------------------------------
+
+ALL = ["all_reduce", "broadcast", "all_gather", "reduce_scatter"]
+
+
+def _count_sends(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every ``Channel.send`` from now on: its command, in order."""
+    from asynccube._core.channel.channel import Channel
+
+    sent: list[Any] = []
+    real = Channel.send
+
+    def send(self: Any, op: Any, *args: Any) -> None:
+        sent.append(op)
+        real(self, op, *args)
+
+    monkeypatch.setattr(Channel, "send", send)
+    return sent
+
+
+@pytest.mark.parametrize("name", ALL)
+async def test_an_idle_collective_runs_in_one_step_at_the_call(
+    fake_nccl: Any, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Both actors idle, the communicators made and the kind issued fast last time: the
+    whole collective (every side prepared, the group, every buffer held) runs before the
+    call returns, as one command of the first client: no prepare, issue and after
+    command per client (five sends before), nothing left queued."""
+    lib = SlowLib()
+    fake = fake_nccl(lib)
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        hs = _four(c0, c1)
+        call = _collectives(c0, c1, hs)[name]
+        await call()  # the kind's first group: on the issue thread
+        lib.calls.clear()
+        lib.threads.clear()
+        fake.finished.clear()
+        sent = _count_sends(monkeypatch)
+        done = call()
+        assert lib.collective_calls() == _expected_calls(name, hs)  # issued already
+        assert lib.threads == {threading.get_ident()}
+        assert [device for device, _ in fake.finished] == [c0.device, c1.device]
+        assert len(sent) == 1
+        assert not c0._channel._queue and not c1._channel._queue
+        await done
+
+
+@pytest.mark.parametrize("name", ALL)
+async def test_a_failure_in_one_step_is_held_on_every_client_and_taints_what_it_writes(
+    fake_nccl: Any, name: str
+) -> None:
+    lib = SlowLib()
+    fake_nccl(lib)
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        hs = _four(c0, c1)
+        owners = [c0, c1, c0, c1]
+        call = _collectives(c0, c1, hs)[name]
+        await call()
+        lib.fail, lib.threads = name, set()
+        with pytest.raises(ac.CollectiveError, match=f"{name} over 2 .*may have changed"):
+            await call()
+        assert lib.threads == {threading.get_ident()}  # it ran in place, in one step
+        for i, (c, h) in enumerate(zip(owners, hs, strict=True)):
+            await c.sync()  # taken by the await above: raised once
+            if i in WRITTEN[name]:
+                with pytest.raises(ac.TaintedBuffer):
+                    await c.read([h])
+                c.write(
+                    [(h.copy_descriptor((h.binding().size,), (1,), 1), bytes(h.binding().size))]
+                )
+            assert await c.read([h]) == [bytes(h.binding().size)]  # clean, serving
+
+
+async def test_a_busy_client_takes_the_commands_route_after_its_earlier_work(
+    fake_nccl: Any,
+) -> None:
+    """One client's actor awaits a command's job: the collective is queued behind it
+    there (nothing issued at the call), issued once that job ends, then awaited."""
+    lib = SlowLib()
+    fake_nccl(lib)
+    released = anyio.Event()
+    order: list[str] = []
+
+    async def job() -> None:
+        await released.wait()
+        order.append("job")
+
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        hs = _four(c0, c1)
+        call = _collectives(c0, c1, hs)["all_reduce"]
+        await call()
+        lib.calls.clear()
+        c1._channel.send(job)  # its actor awaits it (a compile, say)
+        done = call()
+        assert lib.calls == []  # queued behind the job on c1: nothing issued yet
+        await anyio.sleep(0.01)
+        assert lib.calls == []
+        released.set()
+        await done
+        order.append("collective")
+        assert order == ["job", "collective"]
+        assert lib.collective_calls() == _expected_calls("all_reduce", hs)
+
+
+async def test_awaited_by_another_task_it_raises_the_callers_failure(fake_nccl: Any) -> None:
+    """Awaited from a task other than the caller's, the awaitable still syncs the
+    caller's stream: the failure held there is raised, once."""
+    lib = SlowLib()
+    fake_nccl(lib)
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        hs = _four(c0, c1)
+        call = _collectives(c0, c1, hs)["all_reduce"]
+        await call()
+        lib.fail = "all_reduce"
+        done = call()
+        raised: list[BaseException] = []
+
+        async def other() -> None:
+            try:
+                await done
+            except ac.CollectiveError as exc:
+                raised.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(other)
+        assert len(raised) == 1 and "may have changed" in str(raised[0])
+        lib.fail = None
+        for c, h in ((c0, hs[0]), (c1, hs[1])):
+            await c.sync()  # the caller's stream: nothing held any more
+            c.write([(h.copy_descriptor((16,), (1,), 1), bytes(16))])
+            assert await c.read([h]) == [bytes(16)]  # clean again, serving
+        await call()
