@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -408,3 +409,42 @@ async def test_two_gpus_back_to_back_collectives_keep_stream_order(
             assert same(await read, six)
         for done in calls:
             await done
+
+
+@pytest.mark.cuda
+@two_gpus
+async def test_two_gpus_warm_calls_in_one_step_see_every_earlier_write() -> None:
+    """Warm (communicators made, each kind issued fast once), each call runs in one step
+    at the call, on each client's stream: a write queued just before it by another task
+    (another stream) or by this one is in the result, a read after it sees the result,
+    call after call, and the awaits settle (each client's one-call sync)."""
+    _need_nccl()
+    n = 1 << 14
+    async with clients("cuda:0", "cuda:1") as cs:
+        hs = [c.create(np.zeros(n, np.float32)) for c in cs]
+        pairs = list(zip(cs, hs, strict=True))
+        g = [c.create(bytes(2 * 4 * n)) for c in cs]
+        gathered = list(zip(cs, hs, g, strict=True))
+        for _ in range(3):
+            await ac.all_reduce(pairs, "float32")
+            await ac.all_gather(gathered)
+
+        def fill(i: int, value: float) -> None:
+            h = hs[i]
+            cs[i].write([(h.copy_descriptor((4 * n,), (1,), 1), np.full(n, value, np.float32))])
+
+        async def elsewhere(value: float) -> None:  # another task: another stream
+            fill(1, value)
+
+        for step in range(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(elsewhere, float(step))
+            fill(0, 1.0)
+            done = ac.all_reduce(pairs, "float32")
+            gather = ac.all_gather(gathered)
+            reads = [c.read_array(h, np.float32) for c, h in zip(cs, g, strict=True)]
+            want = np.full(2 * n, step + 1.0, np.float32)
+            for read in reads:
+                assert same(await read, want), step
+            await done
+            await gather
