@@ -395,3 +395,17 @@ async def test_awaited_by_another_task_it_raises_the_callers_failure(fake_nccl: 
             c.write([(h.copy_descriptor((16,), (1,), 1), bytes(16))])
             assert await c.read([h]) == [bytes(16)]  # clean again, serving
         await call()
+
+
+async def test_a_client_closed_before_the_await_makes_it_raise_closed(fake_nccl: Any) -> None:
+    fake_nccl(SlowLib())
+    async with ac.open_client("host") as c0:
+        c1 = await ac.connect("host")
+        hs = _four(c0, c1)
+        call = _collectives(c0, c1, hs)["all_reduce"]
+        await call()
+        done = call()  # in one step: issued already
+        await c1.close()
+        with pytest.raises(ac.ClientClosedError):
+            await done
+        await c0.sync()

@@ -290,7 +290,7 @@ class _Collective:
     client's failure stays held for that client's stream: its next awaited call there
     raises it."""
 
-    __slots__ = ("_clients", "_futures", "_name", "_origin", "_stream")
+    __slots__ = ("_awaited", "_clients", "_futures", "_name", "_origin", "_stream")
 
     def __init__(
         self, clients: list[ComputeClient], origin: tuple[str, int], name: str, stream: StreamId
@@ -300,9 +300,13 @@ class _Collective:
         self._origin = origin
         self._name = name
         self._futures: list[asyncio.Future[None]] | None = None
+        self._awaited = False
 
     def __await__(self) -> Generator[Any, None, None]:
         if self._futures is None:
+            self._awaited = True  # no warning, even where a client closed since the call
+            for client in self._clients:  # raised before any sync is made
+                client._channel.check()
             own = StreamId.current() == self._stream
             self._futures = [self._sync(c, own) for c in self._clients]
             for fut in self._futures[1:]:  # awaited in turn: a cancel stops at the first
@@ -315,11 +319,10 @@ class _Collective:
         calling task (the usual case): ``client.sync()`` itself, with its one-call route, the
         client's device made current first (that route asks it); from another task, the
         route alone, for the call's stream."""
-        channel = client._channel
+        channel = client._channel  # checked by the caller: open, on its loop
         if own:
             channel.activate()
             return client.sync()
-        channel.check()
         return channel.request(channel.await_completion, self._stream, client.server.sync)
 
     @staticmethod
@@ -334,7 +337,7 @@ class _Collective:
             raise combine(errors, "also failed on another client")
 
     def __del__(self) -> None:
-        if getattr(self, "_futures", True) is None:
+        if not getattr(self, "_awaited", True):
             filename, line = self._origin
             warnings.warn(
                 f"the awaitable returned by {self._name}() at {filename}:{line} was never "

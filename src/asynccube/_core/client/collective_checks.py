@@ -65,48 +65,53 @@ def entries(name: str, items: object, width: int) -> list[tuple[Any, ...]]:
 def _entry(name: str, label: str, shape: str, i: int, item: object, width: int) -> tuple[Any, ...]:
     if not isinstance(item, (tuple, list)) or len(item) != width:
         raise InvalidArgument(f"{name}'s {label}[{i}] must be {shape}, got {item!r:.80}")
-    client, *handles = item
+    client = item[0]
     if not isinstance(client, ComputeClient):
         raise InvalidArgument(
             f"{name}'s {label}[{i}][0] must be a client, got {type(client).__name__}"
         )
-    bindings = []
-    for j, handle in enumerate(handles, 1):
+    out = [client]
+    for j in range(1, width):
+        handle = item[j]
         if isinstance(handle, Handle):
             handle = handle.binding()
-        if not isinstance(handle, Binding):
+        elif not isinstance(handle, Binding):
             raise InvalidArgument(
                 f"{name}'s {label}[{i}][{j}] must be a Handle or Binding, got "
                 f"{type(handle).__name__}"
             )
-        bindings.append(handle)
-    return (client, *bindings)
+        out.append(handle)
+    return tuple(out)
 
 
 def _distinct(name: str, label: str, checked: list[tuple[Any, ...]]) -> None:
     seen: dict[int, int] = {}
     devices: dict[str, int] = {}
-    for i, (client, *bindings) in enumerate(checked):
+    for i, entry in enumerate(checked):
+        client = entry[0]
         if id(client) in seen:
             raise InvalidArgument(
                 f"{name} got the same {client.device} client twice ({label}["
                 f"{seen[id(client)]}] and {label}[{i}]); give each client once"
             )
         seen[id(client)] = i
-        for binding in bindings:
-            if not client.server.owns(binding):
+        server = client.server
+        owns = server.owns
+        for binding in entry[1:]:
+            if not owns(binding):
                 raise InvalidHandle(
                     f"{name}'s {label}[{i}] handle {binding!r} does not belong to its "
                     f"{client.device} client (it is another client's, or a closed one's)"
                 )
-        if client.properties.kind == "cuda":
-            if client.device in devices:
+        if server.properties.kind == "cuda":
+            device = server.device
+            if device in devices:
                 raise InvalidArgument(
-                    f"{name} got two clients of {client.device} ({label}["
-                    f"{devices[client.device]}] and {label}[{i}]); NCCL works across "
+                    f"{name} got two clients of {device} ({label}["
+                    f"{devices[device]}] and {label}[{i}]); NCCL works across "
                     "devices, one rank per device: open one client per device"
                 )
-            devices[client.device] = i
+            devices[device] = i
 
 
 def one_size(name: str, what: str, clients: Sequence[Any], bindings: Sequence[Binding]) -> int:
