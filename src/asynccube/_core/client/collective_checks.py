@@ -70,7 +70,7 @@ def _entry(name: str, label: str, shape: str, i: int, item: object, width: int) 
         raise InvalidArgument(
             f"{name}'s {label}[{i}][0] must be a client, got {type(client).__name__}"
         )
-    out = [client]
+    out: list[Any] = [client]
     for j in range(1, width):
         handle = item[j]
         if isinstance(handle, Handle):
