@@ -409,3 +409,27 @@ async def test_a_client_closed_before_the_await_makes_it_raise_closed(fake_nccl:
         with pytest.raises(ac.ClientClosedError):
             await done
         await c0.sync()
+
+
+async def test_a_set_declining_in_place_after_the_check_hands_the_call_to_its_thread(
+    fake_nccl: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The set declines to run the group in place after ``inline_ready`` said yes (it
+    was being destroyed meanwhile, from a close thread): the prepared sides go to the
+    issue thread, each client's after step waits for it, and the result is the same."""
+    lib = SlowLib()
+    fake = fake_nccl(lib)
+    async with ac.open_client("host") as c0, ac.open_client("host") as c1:
+        hs = _four(c0, c1)
+        call = _collectives(c0, c1, hs)["all_reduce"]
+        await call()
+        lib.calls.clear()
+        lib.threads.clear()
+        fake.finished.clear()
+        monkeypatch.setattr(collective.Comms, "run_inline", lambda self, key, call: False)
+        done = call()
+        await done
+        assert lib.collective_calls() == _expected_calls("all_reduce", hs)
+        assert lib.threads and threading.get_ident() not in lib.threads
+        assert [device for device, _ in fake.finished] == [c0.device, c1.device]
+        assert await c0.read([hs[0]]) == [bytes(16)]
