@@ -10,10 +10,18 @@ the communicator set's issue thread and back through ``call_soon_threadsafe`` (o
 a kind of call NCCL issued fast last time, issued in place: see
 :mod:`..cuda.collective`); then on each client an *after* step that waits for the
 issue, so the client's later commands are queued on its stream behind the collective
-(stream order: no host round trip). When every actor is idle (the usual case) the
-prepares and the hand-off run inline in the caller. A failure is held for the caller's
-stream on every client (:class:`~asynccube.CollectiveError`); one NCCL raised taints
-the buffers each client's call writes.
+(stream order: no host round trip). A failure is held for the caller's stream on
+every client (:class:`~asynccube.CollectiveError`); one NCCL raised taints the buffers
+each client's call writes.
+
+The usual case takes one step instead (:func:`_run_now`): every client's actor idle
+with nothing queued or guarded, no buffer tainted, the communicators made, and a kind
+of call NCCL issued fast last time with nothing on the set's issue thread. The whole
+collective then runs at the call, on the calling thread, through the first client's
+``Channel.send`` (as ``to_client``'s peer copy runs both sides at once): every side
+prepared with its device current, the group issued in place, every buffer held until
+its stream passes the collective; no future, no command per client. Each client's
+stream sees the same order the commands would give it: nothing was queued before.
 """
 
 from __future__ import annotations
