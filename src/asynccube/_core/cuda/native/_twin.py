@@ -28,13 +28,13 @@ from ._twin_notify import (
 )
 
 __all__ = [
-    "FastLaunch", "PackState", "address", "copy_into", "driver_open", "event_query", "event_record",
-    "is_pinned", "launch", "memcpy_async", "memcpy_peer", "notify_close", "notify_drain",
-    "notify_spin",
-    "open_driver", "param_sizes", "stream_query", "stream_wait_event",
+    "FastLaunch", "PackState", "address", "copy_into", "copy_stats", "driver_open",
+    "event_query", "event_record", "is_pinned", "launch", "memcpy_async", "memcpy_peer",
+    "notify_close", "notify_drain", "notify_spin", "open_driver", "param_sizes",
+    "stream_query", "stream_wait_event",
 ]  # fmt: skip
 
-_BIG: Final = 1 << 20
+_BIG: Final = 256 << 10
 _SPLIT: Final = 16 << 20
 _state = state
 _d: Any = None
@@ -176,8 +176,10 @@ def address(data: Any) -> int:
 
 
 def copy_into(dst: Any, src: Any, threads: int) -> None:
-    """Copy ``src`` into the start of ``dst``; the GIL is released from 1 MiB (ctypes),
-    and copies of 16 MiB and more are split over up to ``threads`` threads."""
+    """Copy ``src`` into the start of ``dst``; the GIL is released from 256 KiB (ctypes),
+    and copies of 16 MiB and more are split over up to ``threads`` threads. (The
+    compiled module also splits copies of 256 KiB to 16 MiB over its copy helpers; the
+    twin has none: those run on the calling thread, see :func:`copy_stats`.)"""
     count = _u32(threads, "threads")
     try:
         out = memoryview(dst).cast("B")
@@ -192,6 +194,13 @@ def copy_into(dst: Any, src: Any, threads: int) -> None:
         out[: len(data)] = data
         return
     _parallel(address(out), address(data), len(data), count if len(data) >= _SPLIT else 1)
+
+
+def copy_stats() -> tuple[int, int]:
+    """``(copies through the copy helpers, pieces they copied)``: always ``(0, 0)`` in
+    the twin, which has no copy helpers (a Python thread would need the GIL to start each
+    piece, which the busy loop thread holds)."""
+    return 0, 0
 
 
 def _parallel(dst: int, src: int, n: int, threads: int) -> None:
