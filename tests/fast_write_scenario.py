@@ -260,7 +260,9 @@ async def write_large_helped() -> None:
     """``create(bytes)`` of 1 MiB (past the one-call route): the body is staged into a
     page-locked buffer by ``hot.copy_into``, whose copy helpers take pieces of it where
     the machine has them (forced here), the buffer held until the device passed the copy
-    and back in the pool after a sync; the pool gives the same buffer to the next one."""
+    and back in the pool after a sync; the pool gives the same buffer to the next one.
+    A 512 KiB read's bytes are copied out of its staging buffer the same way
+    (``hot.bytes_at``), the buffer back in the pool at once."""
     from asynccube._core.cuda import transfers
     from asynccube._core.cuda.native.hotpath import hot
 
@@ -287,6 +289,15 @@ async def write_large_helped() -> None:
         assert s.server._pinned.allocated == allocated, "a pooled buffer, no new allocation"
         if ACTIVE == "native":
             assert hot.copy_stats()[0] == pooled + 7, "each staging copy went to the helpers"
+        half = c.create(bytes(size // 2))  # 512 KiB: its read comes back as new bytes
+        await c.sync()
+        allocated = s.server._pinned.allocated
+        for _ in range(4):  # the read's staging buffer back in the pool each time
+            (got,) = await c.read([half])
+            assert type(got) is bytes and len(got) == size // 2
+            assert s.server._pinned.allocated == allocated
+        if ACTIVE == "native":
+            assert hot.copy_stats()[0] == pooled + 12, "the reads' copies too"
     finally:
         transfers.COPY_HELPERS = helpers  # type: ignore[misc]
     await c.close()

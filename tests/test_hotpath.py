@@ -160,6 +160,10 @@ def test_valid_launch_without_driver_is_refused(hot: Any) -> None:
         ("copy_into", (bytearray(4), b"12345", 1), "5 bytes"),
         ("copy_into", (b"1234", b"1", 1), "writable"),
         ("copy_into", (bytearray(4), b"1", -1), "threads"),
+        ("bytes_at", (0, 8, 1), "address must not be 0"),
+        ("bytes_at", (-1, 8, 1), "address"),
+        ("bytes_at", (8, -8, 1), "nbytes"),
+        ("bytes_at", (8, 8, -1), "threads"),
     ],
 )
 def test_bad_arguments(hot: Any, name: str, args: tuple[Any, ...], words: str) -> None:
@@ -177,6 +181,14 @@ def test_copy_into(hot: Any, size: int, threads: int) -> None:
     hot.copy_into(dst, src, threads)
     assert np.array_equal(dst[:size], src)
     assert not dst[size:].any()
+
+
+@pytest.mark.parametrize("size", [0, 100, (256 << 10) - 1, 256 << 10, (1 << 20) - 3])
+@pytest.mark.parametrize("threads", [1, 4])
+def test_bytes_at(hot: Any, size: int, threads: int) -> None:
+    src = np.random.default_rng(size).integers(0, 255, size + 8, dtype=np.uint8)
+    out = hot.bytes_at(src.ctypes.data + 8, size, threads)
+    assert type(out) is bytes and out == src[8:].tobytes()
 
 
 def test_copy_helpers_take_pieces_of_a_large_copy() -> None:

@@ -49,13 +49,23 @@ WRITE_SPARES: Final = 64
 """Staging buffers ``FastLaunch.write`` keeps per size (one per write in flight)."""
 WRITE_SPARE_BYTES: Final = 16 << 20
 """Bytes of staging buffers ``FastLaunch.write`` keeps in all."""
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
 COPY_THREADS: Final = max(1, min(8, os.cpu_count() or 1))
 """Threads a host copy of 16 MiB or more is split over."""
-COPY_HELPERS: Final = max(0, min(3, (os.cpu_count() or 1) // 4))
+COPY_HELPERS: Final = max(0, min(3, _usable_cores() // 4))
 """Helper threads (the compiled module's, started once; no Python, no GIL) that take
-pieces of a host copy of ``COPY_SPLIT`` to 16 MiB beside the calling thread: none on a
-machine of fewer than 8 cores, where they would take the cores the loop's own work and
-the driver's threads need."""
+pieces of a host copy of ``COPY_SPLIT`` to 16 MiB beside the calling thread: none with
+fewer than 8 cores to run on, where they would take the cores the loop's own work and
+the driver's threads need (1 MiB copies 300 µs apart into 64 targets, 3 helpers against
+none: 2.4x the time on 2 shared cores, 0.34x on a 32-core H100 host; the notes of
+``benchmarks/bench_copy_helpers.py``)."""
 
 
 class TransferOps(ProfileOps):
@@ -473,6 +483,7 @@ def _unstage(buf: PinnedBuffer, spans: list[tuple[int, int]], big: bool) -> list
     if big:
         array = buf.array()
         return [memoryview(array[o : o + n]) for o, n in spans]  # type: ignore[arg-type]
-    out = [ctypes.string_at(buf.ptr + o, n) for o, n in spans]
-    buf.release()
-    return out
+    try:  # from 256 KiB the GIL released and the copy helpers joining in
+        return [hot.bytes_at(buf.ptr + o, n, _threads(n)) for o, n in spans]
+    finally:
+        buf.release()

@@ -336,3 +336,29 @@ PyObject *copy_into(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     PyBuffer_Release(&dst);
     return out == NULL ? NULL : Py_NewRef(out);
 }
+
+/* bytes_at(address, nbytes, threads) -> bytes: a new bytes object holding the nbytes at
+ * address (a finished read's page-locked staging, say); from 256 KiB the copy releases
+ * the GIL and, with threads > 1, is split over the copy helpers as copy_into's is. */
+PyObject *bytes_at(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    unsigned long long addr;
+    size_t nbytes;
+    unsigned threads;
+    if (nargs_ok(n, 3, "bytes_at") < 0 || as_u64(a[0], "address", &addr) < 0 ||
+        as_size(a[1], "nbytes", &nbytes) < 0 || as_u32(a[2], "threads", &threads) < 0)
+        return NULL;
+    if (addr == 0 && nbytes) return bad("address must not be 0");
+    if (nbytes > (size_t)PY_SSIZE_T_MAX) return bad("nbytes too large: %zu", nbytes);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)nbytes);
+    if (out == NULL) return NULL;
+    char *dst = PyBytes_AS_STRING(out);
+    const char *src = (const char *)(uintptr_t)addr;
+    if (nbytes < POOL_MIN) {
+        memcpy(dst, src, nbytes);
+    } else {
+        int helpers = threads < 2 ? 0 : (int)(threads > POOL_MAX + 1 ? POOL_MAX : threads - 1);
+        Py_BEGIN_ALLOW_THREADS pooled_copy(dst, src, nbytes, helpers);
+        Py_END_ALLOW_THREADS
+    }
+    return out;
+}

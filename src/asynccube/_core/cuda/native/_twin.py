@@ -9,6 +9,7 @@ once, at import.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from typing import Any, Final
 
@@ -28,7 +29,7 @@ from ._twin_notify import (
 )
 
 __all__ = [
-    "FastLaunch", "PackState", "address", "copy_into", "copy_stats", "driver_open",
+    "FastLaunch", "PackState", "address", "bytes_at", "copy_into", "copy_stats", "driver_open",
     "event_query", "event_record", "is_pinned", "launch", "memcpy_async", "memcpy_peer",
     "notify_close", "notify_drain", "notify_spin", "open_driver", "param_sizes",
     "stream_query", "stream_wait_event",
@@ -194,6 +195,18 @@ def copy_into(dst: Any, src: Any, threads: int) -> None:
         out[: len(data)] = data
         return
     _parallel(address(out), address(data), len(data), count if len(data) >= _SPLIT else 1)
+
+
+def bytes_at(addr: int, nbytes: int, threads: int) -> bytes:
+    """A new ``bytes`` holding the ``nbytes`` at ``addr`` (``ctypes.string_at``, which
+    holds the GIL: the twin has no copy helpers)."""
+    at, n = _u64(addr, "address"), _u64(nbytes, "nbytes")
+    _u32(threads, "threads")
+    if not at and n:
+        raise InvalidArgument("address must not be 0")
+    if n > sys.maxsize:
+        raise InvalidArgument(f"nbytes too large: {n}")
+    return ctypes.string_at(at, n)
 
 
 def copy_stats() -> tuple[int, int]:
