@@ -11,7 +11,8 @@ helper (``threads`` 1: the copy before the helpers) and with ``transfers.COPY_HE
 the same pinned buffer each time) and into 64 rotating ones (64 requests in flight: the
 targets fall out of the caches), back to back and with a pause between copies (requests
 a few hundred µs apart: helpers asleep or watching). Needs the compiled extension; no GPU
-(the targets are ordinary memory, touched first, as pinned memory is).
+(the targets are ordinary memory, touched first, as pinned memory is). Figures and the
+analysis: ``notes/copy_helpers.md``.
 """
 
 from __future__ import annotations
