@@ -14,7 +14,17 @@ import ctypes
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fast_launch_scenario import ADD, N, Setup, U, ac, bench_overhead, bench_overhead_lib, main
+from fast_launch_scenario import (
+    ACTIVE,
+    ADD,
+    N,
+    Setup,
+    U,
+    ac,
+    bench_overhead,
+    bench_overhead_lib,
+    main,
+)
 
 SIZE = 4 * N  # the add kernel's buffers
 
@@ -246,9 +256,63 @@ async def write_connected() -> None:
     await c.close()
 
 
+async def write_large_helped() -> None:
+    """``create(bytes)`` of 1 MiB (past the one-call route): the body is staged into a
+    page-locked buffer by ``hot.copy_into``, whose copy helpers take pieces of it where
+    the machine has them (forced here), the buffer held until the device passed the copy
+    and back in the pool after a sync; the pool gives the same buffer to the next one.
+    A 512 KiB read's bytes are copied out of its staging buffer the same way
+    (``hot.bytes_at``), the buffer back in the pool at once."""
+    from asynccube._core.cuda import transfers
+    from asynccube._core.cuda.native.hotpath import hot
+
+    s = await Setup().ready()
+    c = s.client
+    size = 1 << 20
+    helpers = transfers.COPY_HELPERS
+    transfers.COPY_HELPERS = 3  # type: ignore[misc]
+    try:
+        pooled = hot.copy_stats()[0]
+        for i in range(6):
+            data = bytes([i + 1]) * (size - 1) + bytes([i + 7])
+            h = c.create(data)
+            key = int(s.server._streams.streams.get(ac.StreamId.current()).stream)
+            _, held = s.server._retirer._parked[key]
+            staged = [o for o in held if getattr(o, "size", None) == size]
+            assert len(staged) == 1, held
+            assert ctypes.string_at(staged[0].ptr, size) == data
+            del staged, held
+            assert [len(b) for b in await c.read([h])] == [size]
+            await c.sync()  # the staging buffer back in the pool
+        allocated = s.server._pinned.allocated
+        c.create(bytes(size))
+        assert s.server._pinned.allocated == allocated, "a pooled buffer, no new allocation"
+        if ACTIVE == "native":
+            assert hot.copy_stats()[0] == pooled + 7, "each staging copy went to the helpers"
+        half = c.create(bytes(size // 2))  # 512 KiB: its read comes back as new bytes
+        await c.sync()
+        allocated = s.server._pinned.allocated
+        for _ in range(4):  # the read's staging buffer back in the pool each time
+            (got,) = await c.read([half])
+            assert type(got) is bytes and len(got) == size // 2
+            assert s.server._pinned.allocated == allocated
+        if ACTIVE == "native":
+            assert hot.copy_stats()[0] == pooled + 12, "the reads' copies too"
+    finally:
+        transfers.COPY_HELPERS = helpers  # type: ignore[misc]
+    await c.close()
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
-    for f in (write_taken, write_in_flight, write_declined, write_error, write_connected)
+    for f in (
+        write_taken,
+        write_in_flight,
+        write_declined,
+        write_error,
+        write_connected,
+        write_large_helped,
+    )
 }
 
 

@@ -322,6 +322,33 @@ async def test_requests_of_many_tasks_take_the_one_call_routes(gpu: ac.ComputeCl
     assert taken >= 0.5 * (taken + left), (taken, left)
 
 
+async def test_large_request_bodies_are_staged_by_the_copy_helpers(
+    gpu: ac.ComputeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request as users write it with 1 MiB and 512 KiB bodies of ``bytes``, 64 tasks
+    at once: each body is staged into page-locked memory by ``hot.copy_into`` with the
+    copy helpers taking pieces (forced on, whatever the core count); every answer is
+    right, and the helpers took part (compiled module)."""
+    from asynccube._core.cuda import transfers
+    from asynccube._core.cuda.native.hotpath import ACTIVE, hot
+
+    monkeypatch.setattr(transfers, "COPY_HELPERS", 3)
+    pooled = hot.copy_stats()[0]
+
+    async def requests(i: int, n: int) -> None:
+        for j in range(3):
+            a = np.arange(n, dtype=np.float32) + np.float32(i * 3 + j)
+            x, y = gpu.create(a.tobytes()), gpu.empty(a.nbytes)
+            gpu.execute(ADD, blocks(n), add_bindings(x, x, y, n))
+            (out,) = await gpu.read([y])
+            assert np.array_equal(np.frombuffer(out, np.float32), 2 * a), (i, j, n)
+
+    await requests(0, 1 << 18)  # pinned buffers of the size
+    await asyncio.gather(*(requests(i, (1 << 18) >> (i % 2)) for i in range(64)))
+    if ACTIVE == "native":
+        assert hot.copy_stats()[0] >= pooled + 64 * 3, hot.copy_stats()
+
+
 async def test_a_buffer_a_queued_command_writes_is_read_after_it(gpu: ac.ComputeClient) -> None:
     """Stream 1's slow kernel and its write to a shared buffer wait in the queue (the
     loop iteration's budget spent); stream 2's read of that buffer waits behind them

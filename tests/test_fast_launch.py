@@ -51,6 +51,7 @@ SCENARIOS = {
     ),
     "fast_write_scenario.py": (
         "write_taken", "write_in_flight", "write_declined", "write_error", "write_connected",
+        "write_large_helped",
     ),
     "fast_alloc_scenario.py": (
         "alloc_taken", "alloc_declined", "alloc_passed", "alloc_other_task", "alloc_create",

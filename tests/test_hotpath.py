@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -159,6 +160,10 @@ def test_valid_launch_without_driver_is_refused(hot: Any) -> None:
         ("copy_into", (bytearray(4), b"12345", 1), "5 bytes"),
         ("copy_into", (b"1234", b"1", 1), "writable"),
         ("copy_into", (bytearray(4), b"1", -1), "threads"),
+        ("bytes_at", (0, 8, 1), "address must not be 0"),
+        ("bytes_at", (-1, 8, 1), "address"),
+        ("bytes_at", (8, -8, 1), "nbytes"),
+        ("bytes_at", (8, 8, -1), "threads"),
     ],
 )
 def test_bad_arguments(hot: Any, name: str, args: tuple[Any, ...], words: str) -> None:
@@ -166,13 +171,66 @@ def test_bad_arguments(hot: Any, name: str, args: tuple[Any, ...], words: str) -
         getattr(hot, name)(*args)
 
 
-@pytest.mark.parametrize("size", [0, 100, 3 << 20, (17 << 20) + 5])
-def test_copy_into(hot: Any, size: int) -> None:
+@pytest.mark.parametrize(
+    "size", [0, 100, (256 << 10) - 1, 256 << 10, (1 << 20) + 5, 3 << 20, (17 << 20) + 5]
+)
+@pytest.mark.parametrize("threads", [1, 4])
+def test_copy_into(hot: Any, size: int, threads: int) -> None:
     src = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)
     dst = np.zeros(size + 16, np.uint8)
-    hot.copy_into(dst, src, 4)
+    hot.copy_into(dst, src, threads)
     assert np.array_equal(dst[:size], src)
     assert not dst[size:].any()
+
+
+@pytest.mark.parametrize("size", [0, 100, (256 << 10) - 1, 256 << 10, (1 << 20) - 3])
+@pytest.mark.parametrize("threads", [1, 4])
+def test_bytes_at(hot: Any, size: int, threads: int) -> None:
+    src = np.random.default_rng(size).integers(0, 255, size + 8, dtype=np.uint8)
+    out = hot.bytes_at(src.ctypes.data + 8, size, threads)
+    assert type(out) is bytes and out == src[8:].tobytes()
+
+
+def test_copy_helpers_take_pieces_of_a_large_copy() -> None:
+    """The compiled module's copy helpers (started once, no GIL) copy pieces of a copy of
+    256 KiB to 16 MiB beside the calling thread: the loop thread staging a 1 MiB request
+    body pays part of its copy. (Before them, a copy under 16 MiB ran on the caller
+    alone.) The twin has none and says so."""
+    assert _twin.copy_stats() == (0, 0)
+    native = hotpath.hot if hotpath.ACTIVE == "native" else None
+    if native is None:
+        pytest.skip("the compiled extension is not active here")
+    src = np.random.default_rng(7).integers(0, 255, 8 << 20, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    pooled, helped = native.copy_stats()
+    for i in range(20):  # 128 pieces each: a helper woken by the first joins well before the end
+        src[0] = i
+        native.copy_into(dst, src, 4)
+        assert np.array_equal(dst, src)
+    pooled_after, helped_after = native.copy_stats()
+    assert pooled_after == pooled + 20
+    assert helped_after > helped
+
+
+def test_concurrent_copies_share_the_helpers(hot: Any) -> None:
+    """Copies from several threads at once: one has the helpers, the others copy alone;
+    every copy lands whole."""
+    size = (3 << 20) + 4097
+    sources = [np.full(size, i + 1, np.uint8) for i in range(6)]
+    targets = [np.zeros(size, np.uint8) for _ in sources]
+
+    def copy(i: int) -> None:
+        for _ in range(10):
+            targets[i][:] = 0
+            hot.copy_into(targets[i], sources[i], 4)
+            assert np.array_equal(targets[i], sources[i])
+
+    threads = [threading.Thread(target=copy, args=(i,)) for i in range(len(sources))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(np.array_equal(t, s) for t, s in zip(targets, sources, strict=True))
 
 
 def test_notify_drain_with_nothing_in_flight(hot: Any) -> None:

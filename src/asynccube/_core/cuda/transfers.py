@@ -31,9 +31,11 @@ ZERO_COPY_READ: Final = 1 << 20
 INLINE_BYTES: Final = 1 << 20
 """Pageable data above this size is staged by ``prepare_write``'s worker-thread job."""
 
-COPY_SPLIT: Final = 1 << 20
-"""Host copies into staging buffers of at least this many bytes go through
-``hot.copy_into`` (GIL released; split over threads from 16 MiB)."""
+COPY_SPLIT: Final = 256 << 10
+"""Host copies into and out of staging buffers of at least this many bytes go through
+``hot.copy_into`` (the GIL released; split over the copy helpers up to 16 MiB, over
+threads started for the copy from there): a 1 MiB request body costs the loop thread
+about a quarter of its copy where helpers run."""
 SNAPSHOT_BYTES: Final = 64 << 10
 """Client data of at least this many bytes (a request body, say) is snapshotted into
 pinned memory when a free buffer of its size exists (:meth:`TransferOps.snapshot`): one
@@ -47,8 +49,23 @@ WRITE_SPARES: Final = 64
 """Staging buffers ``FastLaunch.write`` keeps per size (one per write in flight)."""
 WRITE_SPARE_BYTES: Final = 16 << 20
 """Bytes of staging buffers ``FastLaunch.write`` keeps in all."""
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
 COPY_THREADS: Final = max(1, min(8, os.cpu_count() or 1))
-"""Threads a large host copy is split over."""
+"""Threads a host copy of 16 MiB or more is split over."""
+COPY_HELPERS: Final = max(0, min(3, _usable_cores() // 4))
+"""Helper threads (the compiled module's, started once; no Python, no GIL) that take
+pieces of a host copy of ``COPY_SPLIT`` to 16 MiB beside the calling thread: none with
+fewer than 8 cores to run on, where they would take the cores the loop's own work and
+the driver's threads need (1 MiB copies 300 µs apart into 64 targets, 3 helpers against
+none: 2.4x the time on 2 shared cores, 0.34x on a 32-core H100 host; the notes of
+``benchmarks/bench_copy_helpers.py``)."""
 
 
 class TransferOps(ProfileOps):
@@ -188,7 +205,7 @@ class TransferOps(ProfileOps):
         if mv.nbytes < COPY_SPLIT:
             ctypes.memmove(buf.ptr, hot.address(mv), mv.nbytes)
         else:
-            hot.copy_into(buf.array(), mv, COPY_THREADS)
+            hot.copy_into(buf.array(), mv, _threads(mv.nbytes))
         return buf.view()[: mv.nbytes]
 
     def prepare_write(
@@ -432,9 +449,15 @@ def _stage(pinned: PinnedPool, mv: memoryview) -> tuple[int, object]:
     buf = pinned.take(mv.nbytes)
     if mv.nbytes < COPY_SPLIT:
         ctypes.memmove(buf.ptr, addr, mv.nbytes)
-    else:  # the GIL released, several threads for large copies
-        hot.copy_into(buf.array(), mv, COPY_THREADS)
+    else:  # the GIL released, pieces taken by the copy helpers too
+        hot.copy_into(buf.array(), mv, _threads(mv.nbytes))
     return buf.ptr, buf
+
+
+def _threads(nbytes: int) -> int:
+    """``hot.copy_into``'s ``threads`` for a copy of ``nbytes``: the calling thread and
+    the copy helpers up to 16 MiB, ``COPY_THREADS`` started for the copy from there."""
+    return 1 + COPY_HELPERS if nbytes < 16 << 20 else COPY_THREADS
 
 
 def _copy_back(
@@ -449,7 +472,7 @@ def _copy_back(
         for offset, out in back:
             n = out.nbytes
             if n >= COPY_SPLIT:
-                hot.copy_into(out, array[offset : offset + n], COPY_THREADS)
+                hot.copy_into(out, array[offset : offset + n], _threads(n))
             else:
                 ctypes.memmove(hot.address(out), buf.ptr + offset, n)
     finally:
@@ -460,6 +483,7 @@ def _unstage(buf: PinnedBuffer, spans: list[tuple[int, int]], big: bool) -> list
     if big:
         array = buf.array()
         return [memoryview(array[o : o + n]) for o, n in spans]  # type: ignore[arg-type]
-    out = [ctypes.string_at(buf.ptr + o, n) for o, n in spans]
-    buf.release()
-    return out
+    try:  # from 256 KiB the GIL released and the copy helpers joining in
+        return [hot.bytes_at(buf.ptr + o, n, _threads(n)) for o, n in spans]
+    finally:
+        buf.release()

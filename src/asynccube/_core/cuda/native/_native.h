@@ -101,6 +101,8 @@ PyObject *param_sizes(PyObject *self, PyObject *function);
 PyObject *is_pinned(PyObject *self, PyObject *address);
 PyObject *address(PyObject *self, PyObject *data);
 PyObject *copy_into(PyObject *self, PyObject *const *a, Py_ssize_t n);
+PyObject *copy_stats(PyObject *self, PyObject *unused);
+PyObject *bytes_at(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *notify_close(PyObject *self, PyObject *const *a, Py_ssize_t n);    /* _native_notify.c */
 PyObject *notify_spin(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *notify_drain(PyObject *self, PyObject *timeout);

@@ -1,5 +1,7 @@
 /* asynccube._core.cuda.native._native: events, copies, pointer queries and host copies (see _native.h). */
 #include "_native.h"
+#include <sched.h>
+#include <stdatomic.h>
 
 /* ---------------------------------------------------------------- events, copies */
 
@@ -148,8 +150,161 @@ static void parallel_copy(char *dst, const char *src, size_t n, int threads) {
         if (started[i]) pthread_join(ids[i], NULL);
 }
 
+/* ---------------------------------------------------------------- the copy helpers */
+
+/* A large host copy of at least POOL_MIN bytes (a 1 MiB request body staged into
+ * page-locked memory, say) is cut into PIECE-byte pieces that the calling thread and up to
+ * POOL_MAX helper threads take in turn from one atomic counter (no Python, no GIL). The
+ * helpers are started once; after a copy each watches for the next for SPIN_S, then
+ * sleeps on a condition variable. The caller
+ * never waits for one to wake: it copies pieces itself until none is left, then waits
+ * only for the pieces a helper has in hand (a few µs at most). So the copy costs its
+ * thread at worst what a plain memcpy costs, and about 1/(helpers + 1) of it when the
+ * helpers join in. One copy at a time uses the helpers: a caller that finds them busy
+ * (another thread's copy) copies alone. */
+
+#define POOL_MIN (256u << 10)
+#define PIECE (64u << 10)
+#define POOL_MAX 3
+#define SPIN_S 500e-6 /* a helper's watch for the next copy before it sleeps */
+
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t n, pieces;
+    atomic_size_t next;    /* the next piece to take */
+    atomic_size_t done;    /* pieces copied */
+    atomic_int helpers;    /* helpers inside this job (joined under cp_lock) */
+} CopyJob;
+
+static pthread_mutex_t cp_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t cp_caller = PTHREAD_MUTEX_INITIALIZER; /* one pooled copy at a time */
+static pthread_cond_t cp_wake = PTHREAD_COND_INITIALIZER;
+static CopyJob *cp_job;       /* the copy open to helpers (NULL: none) */
+static atomic_ulong cp_gen;   /* bumped for each copy opened */
+static int cp_started;        /* helper threads running */
+static int cp_fork_hook;
+static atomic_ulong cp_helped; /* pieces copied by helpers, ever (copy_stats) */
+static atomic_ulong cp_pooled; /* copies that went through the pool, ever */
+
+static void cp_after_fork_child(void) {
+    pthread_mutex_init(&cp_lock, NULL);
+    pthread_mutex_init(&cp_caller, NULL);
+    pthread_cond_init(&cp_wake, NULL);
+    cp_job = NULL;
+    cp_started = 0;
+}
+
+static inline void cp_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* One round of waiting for a helper: a pause, and past a few thousand of them (a helper
+ * preempted mid-piece on a busy machine) a yield of the processor. */
+static inline void cp_wait(unsigned spins) {
+    if (spins < 4096)
+        cp_relax();
+    else
+        sched_yield();
+}
+
+/* Copy pieces of ``job`` until none is left to take; the number copied. */
+static size_t cp_run(CopyJob *job) {
+    size_t mine = 0;
+    for (;;) {
+        size_t i = atomic_fetch_add(&job->next, 1);
+        if (i >= job->pieces) return mine;
+        size_t at = i * PIECE, k = job->n - at < PIECE ? job->n - at : PIECE;
+        memcpy(job->dst + at, job->src + at, k);
+        atomic_fetch_add(&job->done, 1);
+        mine++;
+    }
+}
+
+static void *cp_main(void *unused) {
+    unsigned long seen = 0;
+    for (;;) {
+        /* A while after a copy, watch for the next one before sleeping: a helper woken
+         * from its condition variable joins some 20-50 µs late (a 1 MiB copy takes
+         * 30-130 µs); copies of concurrent requests come a few hundred µs apart. */
+        double until = now_s() + SPIN_S;
+        while (atomic_load(&cp_gen) == seen && now_s() < until) cp_relax();
+        pthread_mutex_lock(&cp_lock);
+        while (cp_job == NULL || atomic_load(&cp_gen) == seen)
+            pthread_cond_wait(&cp_wake, &cp_lock);
+        CopyJob *job = cp_job;
+        seen = atomic_load(&cp_gen);
+        atomic_fetch_add(&job->helpers, 1);
+        pthread_mutex_unlock(&cp_lock);
+        size_t mine = cp_run(job);
+        if (mine) atomic_fetch_add(&cp_helped, mine);
+        atomic_fetch_sub(&job->helpers, 1); /* the last touch of the caller's job */
+    }
+    return NULL;
+}
+
+/* Start up to ``want`` helpers (under cp_lock); how many run. */
+static int cp_start(int want) {
+    if (!cp_fork_hook) cp_fork_hook = pthread_atfork(NULL, NULL, cp_after_fork_child) == 0;
+    while (cp_started < want) {
+        pthread_t id;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int failed = pthread_create(&id, &attr, cp_main, NULL);
+        pthread_attr_destroy(&attr);
+        if (failed) break;
+        cp_started++;
+    }
+    return cp_started;
+}
+
+/* Copy n bytes with up to ``helpers`` helper threads (the GIL released by the caller). */
+static void pooled_copy(char *dst, const char *src, size_t n, int helpers) {
+    if (helpers < 1 || pthread_mutex_trylock(&cp_caller) != 0) {
+        memcpy(dst, src, n); /* no helpers wanted, or another thread's copy has them */
+        return;
+    }
+    CopyJob job = {.dst = dst, .src = src, .n = n, .pieces = (n + PIECE - 1) / PIECE};
+    atomic_init(&job.helpers, 0);
+    atomic_init(&job.next, 0);
+    atomic_init(&job.done, 0);
+    pthread_mutex_lock(&cp_lock);
+    int open = cp_start(helpers > POOL_MAX ? POOL_MAX : helpers) > 0;
+    if (open) {
+        cp_job = &job;
+        atomic_fetch_add(&cp_gen, 1);
+        pthread_cond_broadcast(&cp_wake);
+    }
+    pthread_mutex_unlock(&cp_lock);
+    cp_run(&job);
+    for (unsigned spins = 0; atomic_load(&job.done) < job.pieces; spins++)
+        cp_wait(spins); /* the pieces helpers have in hand: a few µs */
+    if (open) {
+        pthread_mutex_lock(&cp_lock);
+        cp_job = NULL; /* no helper joins any more */
+        pthread_mutex_unlock(&cp_lock);
+        for (unsigned spins = 0; atomic_load(&job.helpers) > 0; spins++) /* leaving */
+            cp_wait(spins);
+        atomic_fetch_add(&cp_pooled, 1);
+    }
+    pthread_mutex_unlock(&cp_caller);
+}
+
+/* copy_stats() -> (copies through the helpers, pieces the helpers copied): counters
+ * since the module loaded (tests and profiles read them). */
+PyObject *copy_stats(PyObject *self, PyObject *unused) {
+    return Py_BuildValue("(kk)", atomic_load(&cp_pooled), atomic_load(&cp_helped));
+}
+
 /* copy_into(dst, src, threads) -> None: copy buffer src into the start of writable
- * buffer dst; the GIL is released from 1 MiB; threads > 1 split copies of 16 MiB+. */
+ * buffer dst; the GIL is released from 256 KiB; threads > 1 splits copies of 256 KiB to
+ * 16 MiB over the copy helpers (up to threads - 1 of them, 3 at most) and larger ones
+ * over threads started for the copy. */
 PyObject *copy_into(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     Py_buffer dst, src;
     unsigned threads;
@@ -166,15 +321,44 @@ PyObject *copy_into(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     PyObject *out = Py_None;
     if (src.len > dst.len) {
         out = bad("src has %zd bytes, dst only %zd", src.len, dst.len);
-    } else if (src.len < (1 << 20)) {
+    } else if (src.len < (Py_ssize_t)POOL_MIN) {
         memcpy(dst.buf, src.buf, (size_t)src.len);
     } else {
         int t = threads < 1 ? 1 : (threads > MAX_THREADS ? MAX_THREADS : (int)threads);
-        if (src.len < (16 << 20)) t = 1;
-        Py_BEGIN_ALLOW_THREADS parallel_copy(dst.buf, src.buf, (size_t)src.len, t);
+        Py_BEGIN_ALLOW_THREADS
+        if (src.len < (16 << 20))
+            pooled_copy(dst.buf, src.buf, (size_t)src.len, t - 1);
+        else
+            parallel_copy(dst.buf, src.buf, (size_t)src.len, t);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     return out == NULL ? NULL : Py_NewRef(out);
+}
+
+/* bytes_at(address, nbytes, threads) -> bytes: a new bytes object holding the nbytes at
+ * address (a finished read's page-locked staging, say); from 256 KiB the copy releases
+ * the GIL and, with threads > 1, is split over the copy helpers as copy_into's is. */
+PyObject *bytes_at(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    unsigned long long addr;
+    size_t nbytes;
+    unsigned threads;
+    if (nargs_ok(n, 3, "bytes_at") < 0 || as_u64(a[0], "address", &addr) < 0 ||
+        as_size(a[1], "nbytes", &nbytes) < 0 || as_u32(a[2], "threads", &threads) < 0)
+        return NULL;
+    if (addr == 0 && nbytes) return bad("address must not be 0");
+    if (nbytes > (size_t)PY_SSIZE_T_MAX) return bad("nbytes too large: %zu", nbytes);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)nbytes);
+    if (out == NULL) return NULL;
+    char *dst = PyBytes_AS_STRING(out);
+    const char *src = (const char *)(uintptr_t)addr;
+    if (nbytes < POOL_MIN) {
+        memcpy(dst, src, nbytes);
+    } else {
+        int helpers = threads < 2 ? 0 : (int)(threads > POOL_MAX + 1 ? POOL_MAX : threads - 1);
+        Py_BEGIN_ALLOW_THREADS pooled_copy(dst, src, nbytes, helpers);
+        Py_END_ALLOW_THREADS
+    }
+    return out;
 }

@@ -77,6 +77,10 @@ static PyMethodDef methods[] = {
     {"address", address, METH_O, "address(buffer) -> int: the address of its first byte"},
     {"copy_into", (PyCFunction)(void (*)(void))copy_into, METH_FASTCALL,
      "copy_into(dst, src, threads) -> None"},
+    {"bytes_at", (PyCFunction)(void (*)(void))bytes_at, METH_FASTCALL,
+     "bytes_at(address, nbytes, threads) -> bytes"},
+    {"copy_stats", (PyCFunction)copy_stats, METH_NOARGS,
+     "copy_stats() -> (copies through the copy helpers, pieces they copied)"},
     {NULL, NULL, 0, NULL},
 };
 

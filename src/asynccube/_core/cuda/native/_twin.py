@@ -9,6 +9,7 @@ once, at import.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from typing import Any, Final
 
@@ -28,13 +29,13 @@ from ._twin_notify import (
 )
 
 __all__ = [
-    "FastLaunch", "PackState", "address", "copy_into", "driver_open", "event_query", "event_record",
-    "is_pinned", "launch", "memcpy_async", "memcpy_peer", "notify_close", "notify_drain",
-    "notify_spin",
-    "open_driver", "param_sizes", "stream_query", "stream_wait_event",
+    "FastLaunch", "PackState", "address", "bytes_at", "copy_into", "copy_stats", "driver_open",
+    "event_query", "event_record", "is_pinned", "launch", "memcpy_async", "memcpy_peer",
+    "notify_close", "notify_drain", "notify_spin", "open_driver", "param_sizes",
+    "stream_query", "stream_wait_event",
 ]  # fmt: skip
 
-_BIG: Final = 1 << 20
+_BIG: Final = 256 << 10
 _SPLIT: Final = 16 << 20
 _state = state
 _d: Any = None
@@ -176,8 +177,10 @@ def address(data: Any) -> int:
 
 
 def copy_into(dst: Any, src: Any, threads: int) -> None:
-    """Copy ``src`` into the start of ``dst``; the GIL is released from 1 MiB (ctypes),
-    and copies of 16 MiB and more are split over up to ``threads`` threads."""
+    """Copy ``src`` into the start of ``dst``; the GIL is released from 256 KiB (ctypes),
+    and copies of 16 MiB and more are split over up to ``threads`` threads. (The
+    compiled module also splits copies of 256 KiB to 16 MiB over its copy helpers; the
+    twin has none: those run on the calling thread, see :func:`copy_stats`.)"""
     count = _u32(threads, "threads")
     try:
         out = memoryview(dst).cast("B")
@@ -192,6 +195,25 @@ def copy_into(dst: Any, src: Any, threads: int) -> None:
         out[: len(data)] = data
         return
     _parallel(address(out), address(data), len(data), count if len(data) >= _SPLIT else 1)
+
+
+def bytes_at(addr: int, nbytes: int, threads: int) -> bytes:
+    """A new ``bytes`` holding the ``nbytes`` at ``addr`` (``ctypes.string_at``, which
+    holds the GIL: the twin has no copy helpers)."""
+    at, n = _u64(addr, "address"), _u64(nbytes, "nbytes")
+    _u32(threads, "threads")
+    if not at and n:
+        raise InvalidArgument("address must not be 0")
+    if n > sys.maxsize:
+        raise InvalidArgument(f"nbytes too large: {n}")
+    return ctypes.string_at(at, n)
+
+
+def copy_stats() -> tuple[int, int]:
+    """``(copies through the copy helpers, pieces they copied)``: always ``(0, 0)`` in
+    the twin, which has no copy helpers (a Python thread would need the GIL to start each
+    piece, which the busy loop thread holds)."""
+    return 0, 0
 
 
 def _parallel(dst: int, src: int, n: int, threads: int) -> None:
