@@ -335,6 +335,55 @@ async def read_error() -> None:
     await s.client.close()
 
 
+def _ticks() -> tuple[list[int], Callable[[], None]]:
+    """A count of loop iterations from now on (a callback that queues itself again each
+    iteration), and what stops it."""
+    loop = asyncio.get_running_loop()
+    count, stop = [0], [False]
+
+    def tick() -> None:
+        count[0] += 1
+        if not stop[0]:
+            loop.call_soon(tick)
+
+    loop.call_soon(tick)
+    return count, lambda: stop.__setitem__(0, True)
+
+
+async def sync_wakes_once() -> None:
+    """Issue 38: awaiting a sync the device is done with suspends exactly once (the
+    caller is woken in the next loop iteration, not the one after), behind a task
+    cancelled just before it; on FastSync and on the route that settles it inline (a
+    held error)."""
+    s = await Setup().ready()
+    fast = s.client._fast_sync
+    hits = fast.hits
+    count, stop = _ticks()
+    for _ in range(20):
+        blocked = asyncio.ensure_future(asyncio.sleep(3600))
+        await asyncio.sleep(0)  # it waits in its sleep
+        s.client.execute(ADD, s.count, s.bindings, U)
+        blocked.cancel()
+        before = count[0]
+        await s.client.sync()
+        assert count[0] - before == 1, f"woken after {count[0] - before} loop iterations"
+        assert blocked.cancelled(), "the task cancelled before the sync has ended"
+    assert fast.hits == hits + 20
+    s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held, the route's sync
+    before = count[0]
+    raised: BaseException | None = None
+    try:
+        await s.client.sync()
+    except ac.DeviceError as exc:
+        raised = exc
+    assert raised is not None and "cuLaunchKernel" in str(raised), raised
+    assert count[0] - before == 1, f"the route: woken after {count[0] - before} iterations"
+    assert fast.hits == hits + 20
+    stop()
+    await asyncio.sleep(0)
+    await s.client.close()
+
+
 async def sync_taken() -> None:
     """A sync after short work is settled one loop step later (not by the route); a
     held error takes the route."""
@@ -566,6 +615,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         read_declined,
         read_error,
         sync_taken,
+        sync_wakes_once,
         queued,
         first_use,
         write_one,

@@ -20,6 +20,18 @@ Two paths, picked per completion:
   ``call_soon_threadsafe``. Short waits are fast; long waits cost no CPU.
 
 No Python ever runs inside a driver callback thread.
+
+A sync found done at the call must still suspend its awaiter once (so that tasks
+cancelled before it have unwound: ``ComputeClient.sync``). :func:`one_step_later` and
+:func:`settle_soon` give such a future. Under asyncio (uvloop included) it is a
+:class:`LaterFuture`: settled as soon as a callback is attached to it, which is what
+the awaiting task does as it suspends, so the task's wake-up is queued then, behind
+the wake-ups already queued (those of the tasks cancelled before it), and runs in the
+next loop iteration; a ``call_soon`` backstop settles one that nobody awaits. Settled
+from a ``call_soon`` instead, the task would be woken only in the iteration after that
+one: two loop iterations (two selector polls) where one keeps the promise. Under trio
+the futures are trio's, settled from a ``call_soon`` (trio may run a batch's tasks in
+reverse order: the caller must not run in the batch where the cancelled tasks unwind).
 """
 
 from __future__ import annotations
@@ -29,11 +41,16 @@ import functools
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from ..server.protocol import Completion
+from .awaitable import ClientFuture, new_future
 
-__all__ = ["CompletionWatcher", "one_step_later", "to_loop"]
+if TYPE_CHECKING:
+    from .channel import Channel
+
+__all__ = ["CompletionWatcher", "LaterFuture", "later_futures", "one_step_later", "settle_soon",
+           "to_loop"]  # fmt: skip
 
 T = TypeVar("T")
 Sink = Callable[[Completion[Any]], None]
@@ -49,16 +66,98 @@ def _sleep0() -> Awaitable[None]:
     return asyncio.sleep(0)
 
 
+class LaterFuture(ClientFuture[T]):
+    """A client future (asyncio, uvloop) holding its outcome back until a callback is
+    attached to it (the awaiting task's wake-up, as it suspends: see above) or its
+    backstop runs (:func:`settle_later`), whichever comes first. Its source
+    (``_ac_source``) is a settled future to copy, or :data:`NONE` for ``None``; it is
+    let go of once settled."""
+
+    __slots__ = ("_ac_source",)
+    _ac_source: asyncio.Future[Any] | object | None
+
+    def add_done_callback(self, fn: Callable[..., object], *, context: Any = None) -> None:
+        """As :meth:`asyncio.Future.add_done_callback`; then settles the future (so the
+        callback, queued by that, runs in the next loop iteration)."""
+        self._ac_seen = True  # awaited, or handed to gather/wait: as WatchedFuture's
+        _add_done_callback(self, fn, context=context)
+        if self._ac_source is not None:
+            settle_later(self)
+
+
+_add_done_callback = asyncio.Future.add_done_callback
+NONE: Final = object()
+"""A :class:`LaterFuture`'s source meaning "settle with ``None``" (a sync)."""
+
+
+def settle_later(later: LaterFuture[Any]) -> None:
+    """Settle ``later`` from its source, once (its caller may have cancelled it)."""
+    source = later._ac_source
+    if source is None:
+        return
+    later._ac_source = None
+    if later.done():
+        return
+    if source is NONE:
+        later.set_result(None)
+    else:
+        _copy(source, later)  # type: ignore[arg-type]
+
+
+def later_futures(channel: Channel) -> Callable[[], asyncio.Future[Any]]:
+    """The maker of :func:`one_step_later`'s and :func:`settle_soon`'s futures for
+    ``channel``'s client: :class:`LaterFuture` under asyncio, the channel's own class
+    (trio's) elsewhere (see above)."""
+    if channel.backend.name != "asyncio":
+        return channel.future_factory()
+    return functools.partial(new_future, LaterFuture, channel.loop, channel._held)
+
+
+def settle_soon(later: asyncio.Future[None]) -> asyncio.Future[None]:
+    """``later`` (new, from :func:`later_futures`' maker), set to resolve with ``None``
+    so that awaiting it suspends exactly once (see above); returned."""
+    if type(later) is LaterFuture:
+        later._ac_source = NONE
+        later.get_loop().call_soon(settle_later, later)  # the backstop
+    else:
+        later.get_loop().call_soon(_settle_none, later)
+    return later
+
+
+def _settle_none(fut: asyncio.Future[None]) -> None:
+    if not fut.done():  # unless its caller cancelled it
+        fut.set_result(None)
+
+
 def one_step_later(
     make: Callable[[], asyncio.Future[T]], fut: asyncio.Future[T]
 ) -> asyncio.Future[T]:
-    """A future from ``make`` settled like the settled ``fut``, one loop step from now:
-    awaiting it suspends once, so callbacks queued before it (the wake-ups of tasks
-    cancelled before a sync, whose frames then unwind and drop their handles) run
-    first."""
+    """A future from ``make`` (:func:`later_futures`' maker) settled like the settled
+    ``fut`` so that awaiting it suspends exactly once (see above): callbacks queued
+    before it (the wake-ups of tasks cancelled before a sync, whose frames then unwind
+    and drop their handles) run first."""
     later: asyncio.Future[T] = make()
-    later.get_loop().call_soon(_Relay(fut, later))
+    if type(later) is LaterFuture:
+        later._ac_source = fut
+        later.get_loop().call_soon(settle_later, later)  # the backstop
+    else:
+        later.get_loop().call_soon(_Relay(fut, later))
     return later
+
+
+def _copy(fut: asyncio.Future[Any], later: asyncio.Future[Any]) -> None:
+    """Settle ``later`` (not done) like ``fut`` (done)."""
+    if fut.cancelled():
+        later.cancel()
+        return
+    error = fut.exception()  # handed on: ``later`` gives it back if never retrieved
+    if error is None:
+        later.set_result(fut.result())
+        return
+    stream = getattr(fut, "_ac_stream", None)
+    if stream is not None:
+        later._ac_stream = stream  # type: ignore[attr-defined]
+    later.set_exception(error)
 
 
 class _Relay:
@@ -77,17 +176,7 @@ class _Relay:
         self.fut = self.later = None
         if fut is None or later is None or later.done():
             return
-        if fut.cancelled():
-            later.cancel()
-            return
-        error = fut.exception()  # handed on: ``later`` gives it back if never retrieved
-        if error is None:
-            later.set_result(fut.result())
-            return
-        stream = getattr(fut, "_ac_stream", None)
-        if stream is not None:
-            later._ac_stream = stream  # type: ignore[attr-defined]
-        later.set_exception(error)
+        _copy(fut, later)
 
 
 class CompletionWatcher:

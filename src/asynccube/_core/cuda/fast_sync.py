@@ -5,14 +5,17 @@ The route (``ComputeClient.sync`` -> ``Channel.request`` -> ``await_completion``
 hands a completion to the watcher. When that work ends within a few µs (a sync right
 after a short kernel), most of the cost is that machinery. ``FastSync`` polls each such
 stream directly (``cuStreamQuery``, through the hot path) for up to 30 µs, as the
-watcher's first spin does, and returns a future resolved one loop step later (not at
-once, so that tasks cancelled before the sync have unwound when it returns:
-:func:`settle_none`). It runs only where the route would run the sync inline with nothing else
-to do first: the channel open, called on its loop, no capture, the actor idle with
-nothing queued, no error held (the route raises it), no graphs to release, the device's
-context current as ``driver.set_current`` left it. Anything else, a stream not done
-within the spin or a stream in error, returns None and the route takes the sync (the
-server's collection of dropped handles, run first by both, is idempotent).
+watcher's first spin does, and returns a future that awaiting suspends exactly once:
+not a done one, so that tasks cancelled before the sync have unwound when it returns;
+under asyncio it settles as its awaiting task suspends, so that task wakes in the next
+loop iteration (:func:`..channel.completion.settle_soon`). The future is made before
+the poll, while the device may still run. It runs only where the route would run the
+sync inline with nothing else to do first: the channel open, called on its loop, no
+capture, the actor idle with nothing queued, no error held (the route raises it), no
+graphs to release, the device's context current as ``driver.set_current`` left it.
+Anything else, a stream not done within the spin or a stream in error, returns None
+and the route takes the sync (the server's collection of dropped handles, run first by
+both, is idempotent).
 
 Plain Python over the hot path's ``stream_query``: the same code for the compiled
 module and its twin.
@@ -22,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
+from ..channel.completion import later_futures, settle_soon
 from . import driver
 from .native.hotpath import hot
 
@@ -31,24 +35,12 @@ if TYPE_CHECKING:
     from ..channel.channel import Channel
     from .state import ServerCore
 
-__all__ = ["FastSync", "settle_none"]
+__all__ = ["FastSync"]
 
 SPIN_S: Final = 30e-6
 """How long the streams are polled (as ``CompletionWatcher``'s ``sync_spin_seconds``)."""
 _NOT_READY: Final = 600  # CUDA_ERROR_NOT_READY
 _get_running_loop = asyncio._get_running_loop
-
-
-def settle_none(fut: asyncio.Future[None]) -> None:
-    """Resolve a sync's future (unless its caller cancelled it) one loop step after
-    the sync was found done, never at once: the tasks cancelled before the sync (their
-    wake-ups are queued ahead of this) unwind first, and the loop lets go of the
-    callback that resumed the caller (the loop holds it for the rest of its step: a
-    ``gather`` of cancelled tasks, say, whose errors' tracebacks hold their frames), so
-    the handles those held are dropped, and the next ``memory_usage()`` counts them as
-    free (the sync marked every stream done, so their slices are released at once)."""
-    if not fut.done():
-        fut.set_result(None)
 
 
 class FastSync:
@@ -65,18 +57,25 @@ class FastSync:
         self._open = State.OPEN
         self._context = server._ctx.context
         self._on_loop = None if channel.backend.name == "asyncio" else channel.backend.on_loop
-        self._new_future = channel.future_factory()
+        self._new_future = later_futures(channel)
         self.hits = 0
         self.declined = 0
 
     def __call__(self) -> asyncio.Future[None] | None:
-        if not self._ready() or not self._all_done():
+        if not self._ready():
             self.declined += 1
             return None
-        c = self._channel
-        fut: asyncio.Future[None] = self._new_future()
-        c.loop.call_soon(settle_none, fut)  # one loop step: see settle_none
-        c.ran_inline()
+        server = self._server
+        server._collect()
+        marks = [(w, w.cursor) for _, w in server._streams.streams.existing() if w.cursor != w.done]
+        fut = self._new_future()  # made now, while the device may still run
+        if marks and not _all_done(marks):
+            fut._ac_seen = True  # type: ignore[attr-defined]  # never returned: no warning
+            self.declined += 1
+            return None
+        server._streams.mark_done(marks)
+        settle_soon(fut)  # awaiting it suspends exactly once (see settle_soon)
+        self._channel.ran_inline()
         self.hits += 1
         return fut
 
@@ -90,19 +89,17 @@ class FastSync:
             return False
         return getattr(driver._tls, "context", None) is self._context
 
-    def _all_done(self) -> bool:
-        """Poll every stream with work not known done; mark them done if all finished."""
-        server = self._server
-        server._collect()
-        marks = [(w, w.cursor) for _, w in server._streams.streams.existing() if w.cursor != w.done]
-        end = time.perf_counter() + SPIN_S
-        query = hot.stream_query  # cuStreamQuery
-        for wrapper, _ in marks:
-            while True:
-                err = int(query(wrapper.stream))
-                if err == 0:
-                    break
-                if err != _NOT_READY or time.perf_counter() >= end:
-                    return False  # the route waits (or raises the stream's error)
-        server._streams.mark_done(marks)
-        return True
+
+def _all_done(marks: list[tuple[Any, int]]) -> bool:
+    """Poll the streams of ``marks`` (their wrappers) for up to ``SPIN_S``: True once all
+    finished, False at once for one in error (the route raises it)."""
+    end = time.perf_counter() + SPIN_S
+    query = hot.stream_query  # cuStreamQuery
+    for wrapper, _ in marks:
+        while True:
+            err = int(query(wrapper.stream))
+            if err == 0:
+                break
+            if err != _NOT_READY or time.perf_counter() >= end:
+                return False  # the route waits (or raises the stream's error)
+    return True
