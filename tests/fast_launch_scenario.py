@@ -384,6 +384,39 @@ async def sync_wakes_once() -> None:
     await s.client.close()
 
 
+async def wait_taken() -> None:
+    """Issue 38: ``client.wait`` on another library's stream whose work is done within the
+    spin is settled in one call (``FastSync.foreign``: a done future, the capture given
+    back); the device still busy past the spin, or a held error: the route (which waits,
+    or raises the error first)."""
+    s = await Setup().ready()
+    fast, pool = s.client._fast_sync, s.server._events
+    hits = fast.foreign_hits
+    fut = s.client.wait(0x5000)
+    assert fut.done(), "settled in the call"
+    await fut
+    free = len(pool._free)
+    await s.client.wait(0x5000)
+    assert fast.foreign_hits == hits + 2 and len(pool._free) == free, "the capture is back"
+    flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_pending")
+    flag.value = 1  # the device is slower than the host: event queries say not ready
+    fut = s.client.wait(0x5000)
+    assert not fut.done() and fast.foreign_hits == hits + 2, "declined: the route waits"
+    flag.value = 0
+    await fut
+    s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held for the stream
+    raised: BaseException | None = None
+    try:
+        await s.client.wait(0x5000)
+    except ac.DeviceError as exc:
+        raised = exc
+    assert raised is not None and "cuLaunchKernel" in str(raised), raised
+    assert fast.foreign_hits == hits + 2
+    await s.client.wait(0x5000)
+    assert fast.foreign_hits == hits + 3
+    await s.client.close()
+
+
 async def sync_taken() -> None:
     """A sync after short work is settled one loop step later (not by the route); a
     held error takes the route."""
@@ -616,6 +649,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         read_error,
         sync_taken,
         sync_wakes_once,
+        wait_taken,
         queued,
         first_use,
         write_one,

@@ -27,7 +27,7 @@ SCENARIOS = {
     "fast_launch_scenario.py": (
         "taken", "declined", "scalar_dtype", "other_stream", "new_task", "launch_error",
         "foreign_handle", "zero_count", "read_tensor_item", "profiling", "read_taken",
-        "read_declined", "read_error", "sync_taken", "sync_wakes_once",
+        "read_declined", "read_error", "sync_taken", "sync_wakes_once", "wait_taken",
         "queued", "first_use", "write_one",
         "closed",
     ),

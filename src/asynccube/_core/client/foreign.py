@@ -13,7 +13,9 @@ in the channel's queue nor a re-recorded event moves what is waited for); bad in
 :class:`~asynccube.ForeignStreamError` before anything is queued. Then:
 
 * ``wait`` is an awaited command, like ``sync``: its future settles through the channel's
-  completion watcher once the work is done (and raises the errors held for the calling
+  completion watcher once the work is done (on CUDA, work done within a few µs is
+  first offered to the server's one-call route, ``FastSync.foreign``, on the same
+  conditions as a sync's: it settles the future at once) (and raises the errors held for the calling
   task's stream first, as every awaited call does). Cancelling the awaiting task leaves
   the completion to finish in the background, as a read's does, and frees it then.
 * ``after`` is fire-and-forget, ordered like an ``execute`` of the calling task; an error
@@ -46,6 +48,7 @@ class ForeignClient(Protocol):
     _server: ComputeServer
     _channel: Channel
     _dispatch: Dispatch
+    _fast_sync: Any
 
 
 _HANDLE_TYPES = {
@@ -62,6 +65,11 @@ def wait(client: ForeignClient, obj: Any) -> asyncio.Future[None]:
     work = describe(obj, "wait")
     server = client._server
     _capture(client, work)
+    fast = client._fast_sync  # CUDA: cuda/fast_sync.py, the work done within a few µs
+    if fast is not None:
+        done = fast.foreign(work)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     return client._dispatch.request(server.foreign_wait, work)
 
 

@@ -17,6 +17,12 @@ Anything else, a stream not done within the spin or a stream in error, returns N
 and the route takes the sync (the server's collection of dropped handles, run first by
 both, is idempotent).
 
+``fast_sync.foreign(work)`` does the same for ``client.wait(obj)``, once the client has
+captured the work (``capture_foreign``): on the same conditions, the captured event
+polled for up to 30 µs (``ForeignOps.foreign_done``); done, a done future (the route's
+inline spin returns one too: awaiting it does not suspend, nothing having to unwind
+first); else None, and the route waits (or raises the event's error).
+
 Plain Python over the hot path's ``stream_query``: the same code for the compiled
 module and its twin.
 """
@@ -33,7 +39,8 @@ from .native.hotpath import hot
 
 if TYPE_CHECKING:
     from ..channel.channel import Channel
-    from .state import ServerCore
+    from ..server.foreign import ForeignWork
+    from .foreign import ForeignOps
 
 __all__ = ["FastSync"]
 
@@ -46,10 +53,10 @@ _get_running_loop = asyncio._get_running_loop
 class FastSync:
     """``fast_sync() -> a resolved future, or None`` for one client (see above)."""
 
-    __slots__ = ("_channel", "_context", "_new_future", "_on_loop", "_open", "_server",
-                 "declined", "hits")  # fmt: skip
+    __slots__ = ("_channel", "_context", "_done_future", "_new_future", "_on_loop", "_open",
+                 "_server", "declined", "foreign_hits", "hits")  # fmt: skip
 
-    def __init__(self, server: ServerCore, channel: Channel) -> None:
+    def __init__(self, server: ForeignOps, channel: Channel) -> None:
         from ..channel.channel import State
 
         self._server = server
@@ -58,8 +65,10 @@ class FastSync:
         self._context = server._ctx.context
         self._on_loop = None if channel.backend.name == "asyncio" else channel.backend.on_loop
         self._new_future = later_futures(channel)
+        self._done_future = channel.future_factory()
         self.hits = 0
         self.declined = 0
+        self.foreign_hits = 0
 
     def __call__(self) -> asyncio.Future[None] | None:
         if not self._ready():
@@ -77,6 +86,16 @@ class FastSync:
         settle_soon(fut)  # awaiting it suspends exactly once (see settle_soon)
         self._channel.ran_inline()
         self.hits += 1
+        return fut
+
+    def foreign(self, work: ForeignWork) -> asyncio.Future[None] | None:
+        """``client.wait``'s captured ``work`` done within the spin: a done future; else
+        None (see above)."""
+        if not self._ready() or not self._server.foreign_done(work, SPIN_S):
+            return None
+        fut: asyncio.Future[None] = self._done_future()
+        fut.set_result(None)
+        self.foreign_hits += 1
         return fut
 
     def _ready(self) -> bool:
