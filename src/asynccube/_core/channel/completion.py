@@ -41,13 +41,10 @@ import functools
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from ..server.protocol import Completion
 from .awaitable import ClientFuture, new_future
-
-if TYPE_CHECKING:
-    from .channel import Channel
 
 __all__ = ["CompletionWatcher", "LaterFuture", "later_futures", "one_step_later", "settle_soon",
            "to_loop"]  # fmt: skip
@@ -104,7 +101,17 @@ def settle_later(later: LaterFuture[Any]) -> None:
         _copy(source, later)  # type: ignore[arg-type]
 
 
-def later_futures(channel: Channel) -> Callable[[], asyncio.Future[Any]]:
+class _Channel(Protocol):
+    """What :func:`later_futures` asks of a channel (``channel.Channel``)."""
+
+    backend: Any
+    loop: asyncio.AbstractEventLoop
+    _held: Any
+
+    def future_factory(self) -> Callable[[], asyncio.Future[Any]]: ...
+
+
+def later_futures(channel: _Channel) -> Callable[[], asyncio.Future[Any]]:
     """The maker of :func:`one_step_later`'s and :func:`settle_soon`'s futures for
     ``channel``'s client: :class:`LaterFuture` under asyncio, the channel's own class
     (trio's) elsewhere (see above)."""
@@ -113,14 +120,22 @@ def later_futures(channel: Channel) -> Callable[[], asyncio.Future[Any]]:
     return functools.partial(new_future, LaterFuture, channel.loop, channel._held)
 
 
-def settle_soon(later: asyncio.Future[None]) -> asyncio.Future[None]:
+def settle_soon(
+    later: asyncio.Future[None], batch: list[LaterFuture[Any]] | None = None
+) -> asyncio.Future[None]:
     """``later`` (new, from :func:`later_futures`' maker), set to resolve with ``None``
-    so that awaiting it suspends exactly once (see above); returned."""
-    if type(later) is LaterFuture:
-        later._ac_source = NONE
-        later.get_loop().call_soon(settle_later, later)  # the backstop
-    else:
+    so that awaiting it suspends exactly once (see above); returned. ``batch``: the
+    channel's list of such futures settled when its inline batch ends (the caller
+    makes sure that end is scheduled: ``ran_inline``), a backstop without a loop
+    callback of its own; else one is queued."""
+    if type(later) is not LaterFuture:
         later.get_loop().call_soon(_settle_none, later)
+    elif batch is not None:
+        later._ac_source = NONE
+        batch.append(later)
+    else:
+        later._ac_source = NONE
+        later.get_loop().call_soon(settle_later, later)
     return later
 
 

@@ -78,13 +78,14 @@ class FastSync:
         server._collect()
         marks = [(w, w.cursor) for _, w in server._streams.streams.existing() if w.cursor != w.done]
         fut = self._new_future()  # made now, while the device may still run
-        if marks and not _all_done(marks):
+        if marks and not _all_done(marks):  # cuStreamQuery on each stream, a short spin
             fut._ac_seen = True  # type: ignore[attr-defined]  # never returned: no warning
             self.declined += 1
             return None
         server._streams.mark_done(marks)
-        settle_soon(fut)  # awaiting it suspends exactly once (see settle_soon)
-        self._channel.ran_inline()
+        c = self._channel
+        settle_soon(fut, c._later)  # awaiting it suspends exactly once (see settle_soon)
+        c.ran_inline()  # (the end of the inline batch is its backstop)
         self.hits += 1
         return fut
 
