@@ -417,6 +417,29 @@ async def wait_taken() -> None:
     await s.client.close()
 
 
+async def spins_once() -> None:
+    """A sync or a wait whose work outlasts FastSync's spin goes to the route, whose
+    watcher does not spin again (one 30 µs spin on the loop, not two), and skips its
+    next spins as after one of its own that ran out."""
+    from asynccube._core.channel.completion import SPIN_BACKOFF
+
+    s = await Setup().ready()
+    fast, watcher = s.client._fast_sync, s.client._channel.watcher
+    flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_pending")
+    for call in (s.client.sync, lambda: s.client.wait(0x5000)):
+        hits, spins = (fast.hits, fast.foreign_hits), watcher.spins
+        s.client.execute(ADD, s.count, s.bindings, U)
+        flag.value = 1  # the device is slower than the host: queries say not ready
+        fut = call()
+        assert not fut.done() and (fast.hits, fast.foreign_hits) == hits, "declined"
+        assert watcher.spins == spins, "the route did not spin again"
+        assert watcher._skip_spins == SPIN_BACKOFF - 1  # (the route's skipped one)
+        flag.value = 0
+        await fut
+        watcher._skip_spins = 0
+    await s.client.close()
+
+
 async def sync_taken() -> None:
     """A sync after short work is settled one loop step later (not by the route); a
     held error takes the route."""
@@ -650,6 +673,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         sync_taken,
         sync_wakes_once,
         wait_taken,
+        spins_once,
         queued,
         first_use,
         write_one,

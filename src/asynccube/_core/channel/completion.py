@@ -243,6 +243,12 @@ class CompletionWatcher:
             if self._poller is None:
                 self._poller = self._loop.create_task(self._poll(), name="asynccube-poller")
 
+    def ran_out(self) -> None:
+        """A one-call route's spin (``FastSync``'s, as long as ``sync_spin_seconds``)
+        ran out: its command goes to the route, which then does not spin again, nor do
+        the next spins (as after a spin of the watcher's own: ``SPIN_BACKOFF``)."""
+        self._skip_spins = SPIN_BACKOFF
+
     def _spin_now(self, completion: Completion[Any]) -> bool:
         """Poll ``done()`` without yielding for up to ``sync_spin_seconds`` (tens of µs):
         a short copy or kernel then resolves before its caller even suspends. Skipped

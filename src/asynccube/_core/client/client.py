@@ -299,9 +299,10 @@ class ComputeClient(ClientCoordination, ClientSurface):
 
         Raises the first error held for the calling task's stream. Graphs whose
         ``Graph`` object is gone are released first, so their buffers count as free.
-        Awaiting it suspends at least once, even when the device is already done, so
-        tasks cancelled before it have unwound: the next ``memory_usage()`` counts
-        every handle dropped before the sync as free.
+        Awaiting it suspends at least once, even when the device is already done (then
+        exactly once, under asyncio and uvloop: the caller wakes in the next loop
+        iteration), so tasks cancelled before it have unwound: the next
+        ``memory_usage()`` counts every handle dropped before the sync as free.
         """
         fast = self._fast_sync  # FastSync: the device is done within a few µs
         if fast is not None and self._graph_registry is None:

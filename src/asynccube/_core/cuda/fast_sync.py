@@ -14,7 +14,8 @@ sync inline with nothing else to do first: the channel open, called on its loop,
 capture, the actor idle with nothing queued, no error held (the route raises it), no
 graphs to release, the device's context current as ``driver.set_current`` left it.
 Anything else, a stream not done within the spin or a stream in error, returns None
-and the route takes the sync (the server's collection of dropped handles, run first by
+and the route takes the sync (after a spin that ran out, its watcher does not spin
+again: ``CompletionWatcher.ran_out``) (the server's collection of dropped handles, run first by
 both, is idempotent).
 
 ``fast_sync.foreign(work)`` does the same for ``client.wait(obj)``, once the client has
@@ -39,6 +40,7 @@ from .native.hotpath import hot
 
 if TYPE_CHECKING:
     from ..channel.channel import Channel
+    from ..channel.completion import CompletionWatcher
     from ..server.foreign import ForeignWork
     from .foreign import ForeignOps
 
@@ -78,7 +80,8 @@ class FastSync:
         server._collect()
         marks = [(w, w.cursor) for _, w in server._streams.streams.existing() if w.cursor != w.done]
         fut = self._new_future()  # made now, while the device may still run
-        if marks and not _all_done(marks):  # cuStreamQuery on each stream, a short spin
+        watcher = self._channel.watcher
+        if marks and not _done(_all_done(marks), watcher):  # cuStreamQuery, a short spin
             fut._ac_seen = True  # type: ignore[attr-defined]  # never returned: no warning
             self.declined += 1
             return None
@@ -92,7 +95,9 @@ class FastSync:
     def foreign(self, work: ForeignWork) -> asyncio.Future[None] | None:
         """``client.wait``'s captured ``work`` done within the spin: a done future; else
         None (see above)."""
-        if not self._ready() or not self._server.foreign_done(work, SPIN_S):
+        if not self._ready():
+            return None
+        if not _done(self._server.foreign_done(work, SPIN_S), self._channel.watcher):
             return None
         fut: asyncio.Future[None] = self._done_future()
         fut.set_result(None)
@@ -110,9 +115,18 @@ class FastSync:
         return getattr(driver._tls, "context", None) is self._context
 
 
-def _all_done(marks: list[tuple[Any, int]]) -> bool:
-    """Poll the streams of ``marks`` (their wrappers) for up to ``SPIN_S``: True once all
-    finished, False at once for one in error (the route raises it)."""
+def _done(status: int, watcher: CompletionWatcher) -> bool:
+    """True for a poll that found the work done; after a spin that ran out, the route's
+    watcher does not spin again (``ran_out``)."""
+    if status == _NOT_READY:
+        watcher.ran_out()
+    return status == 0
+
+
+def _all_done(marks: list[tuple[Any, int]]) -> int:
+    """Poll the streams of ``marks`` (their wrappers) for up to ``SPIN_S``: 0 once all
+    finished, else the last status (``CUDA_ERROR_NOT_READY`` once the spin ran out, or
+    a stream's error: the route raises it)."""
     end = time.perf_counter() + SPIN_S
     query = hot.stream_query  # cuStreamQuery
     for wrapper, _ in marks:
@@ -121,5 +135,5 @@ def _all_done(marks: list[tuple[Any, int]]) -> bool:
             if err == 0:
                 break
             if err != _NOT_READY or time.perf_counter() >= end:
-                return False  # the route waits (or raises the stream's error)
-    return True
+                return err  # the route waits (or raises the stream's error)
+    return 0

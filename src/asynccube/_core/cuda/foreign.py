@@ -121,13 +121,14 @@ class ForeignOps(ServerCore):
         event = work.take()
         return self._completion([] if event is None else [event], own, None)
 
-    def foreign_done(self, work: ForeignWork, spin: float) -> bool:
-        """Poll the captured event for up to ``spin`` seconds: True once done (given
-        back: nothing is left to wait for), False while not done yet or in error (kept
-        for ``foreign_wait``, which waits for it or raises the error)."""
+    def foreign_done(self, work: ForeignWork, spin: float) -> int:
+        """Poll the captured event for up to ``spin`` seconds: 0 once
+        done (given back: nothing is left to wait for), else the last status,
+        ``CUDA_ERROR_NOT_READY`` or an error (the capture is kept for ``foreign_wait``,
+        which waits for it or raises the error)."""
         event = work.captured
         if event is None:
-            return True  # an event never recorded: nothing to wait for
+            return 0  # an event never recorded: nothing to wait for
         query = hot.event_query
         end = time.perf_counter() + spin
         while True:
@@ -135,10 +136,10 @@ class ForeignOps(ServerCore):
             if err == 0:
                 break
             if err != _NOT_READY or time.perf_counter() >= end:
-                return False
+                return err
         work.take()
         self._events.give(event)
-        return True
+        return 0
 
     def foreign_after(self, work: ForeignWork, stream: StreamId) -> None:
         """Make ``stream``'s CUDA stream wait on the device for the captured work."""
