@@ -27,7 +27,8 @@ cancelled before it have unwound: ``ComputeClient.sync``). :func:`one_step_later
 :class:`LaterFuture`: settled as soon as a callback is attached to it, which is what
 the awaiting task does as it suspends, so the task's wake-up is queued then, behind
 the wake-ups already queued (those of the tasks cancelled before it), and runs in the
-next loop iteration; a ``call_soon`` backstop settles one that nobody awaits. Settled
+next loop iteration; a backstop settles one that nobody awaits in that iteration (a
+``call_soon``, or the channel's end of its inline batch: ``settle_soon``). Settled
 from a ``call_soon`` instead, the task would be woken only in the iteration after that
 one: two loop iterations (two selector polls) where one keeps the promise. Under trio
 the futures are trio's, settled from a ``call_soon`` (trio may run a batch's tasks in

@@ -13,11 +13,11 @@ in the channel's queue nor a re-recorded event moves what is waited for); bad in
 :class:`~asynccube.ForeignStreamError` before anything is queued. Then:
 
 * ``wait`` is an awaited command, like ``sync``: its future settles through the channel's
-  completion watcher once the work is done (on CUDA, work done within a few µs is
-  first offered to the server's one-call route, ``FastSync.foreign``, on the same
-  conditions as a sync's: it settles the future at once) (and raises the errors held for the calling
+  completion watcher once the work is done (and raises the errors held for the calling
   task's stream first, as every awaited call does). Cancelling the awaiting task leaves
-  the completion to finish in the background, as a read's does, and frees it then.
+  the completion to finish in the background, as a read's does, and frees it then. On
+  CUDA, work done within a few µs is first offered to the server's one-call route
+  (``FastSync.foreign``, on a sync's conditions), which settles the future at once.
 * ``after`` is fire-and-forget, ordered like an ``execute`` of the calling task; an error
   the driver reports when it runs is held for the task's stream.
 """

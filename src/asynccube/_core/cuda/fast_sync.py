@@ -14,9 +14,9 @@ sync inline with nothing else to do first: the channel open, called on its loop,
 capture, the actor idle with nothing queued, no error held (the route raises it), no
 graphs to release, the device's context current as ``driver.set_current`` left it.
 Anything else, a stream not done within the spin or a stream in error, returns None
-and the route takes the sync (after a spin that ran out, its watcher does not spin
-again: ``CompletionWatcher.ran_out``) (the server's collection of dropped handles, run first by
-both, is idempotent).
+and the route takes the sync (the server's collection of dropped handles, run first by
+both, is idempotent); after a spin that ran out, the route's watcher does not spin
+again (``CompletionWatcher.ran_out``).
 
 ``fast_sync.foreign(work)`` does the same for ``client.wait(obj)``, once the client has
 captured the work (``capture_foreign``): on the same conditions, the captured event
