@@ -440,6 +440,36 @@ async def spins_once() -> None:
     await s.client.close()
 
 
+async def under_trio() -> None:
+    """Under trio (its own thread here) FastSync takes a sync, settled from a callback
+    (not at once, not as the awaiting task suspends: see ``completion.settle_soon``), and
+    a wait on another library's stream."""
+    import trio
+
+    await asyncio.to_thread(trio.run, _trio_sync_and_wait)
+
+
+async def _trio_sync_and_wait() -> None:
+    from asynccube._core.channel.backend import current_backend
+    from asynccube._core.channel.completion import LaterFuture
+
+    client = ComputeClient(bench_overhead._server(), current_backend("test").loop)
+    one, none = ac.CubeCount(1), ac.Bindings()
+    client.execute(EMPTY, one, none)
+    await client.sync()
+    fast = client._fast_sync
+    hits = fast.hits
+    client.execute(EMPTY, one, none, U)
+    fut = client.sync()
+    assert not isinstance(fut, LaterFuture) and not fut.done()
+    await fut
+    assert fast.hits == hits + 1
+    fut = client.wait(0x5000)
+    assert fut.done() and fast.foreign_hits == 1
+    await fut
+    await client.close()
+
+
 async def sync_taken() -> None:
     """A sync after short work is settled one loop step later (not by the route); a
     held error takes the route."""
@@ -674,6 +704,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         sync_wakes_once,
         wait_taken,
         spins_once,
+        under_trio,
         queued,
         first_use,
         write_one,
