@@ -446,28 +446,27 @@ async def under_trio() -> None:
     a wait on another library's stream."""
     import trio
 
-    await asyncio.to_thread(trio.run, _trio_sync_and_wait)
-
-
-async def _trio_sync_and_wait() -> None:
     from asynccube._core.channel.backend import current_backend
     from asynccube._core.channel.completion import LaterFuture
 
-    client = ComputeClient(bench_overhead._server(), current_backend("test").loop)
-    one, none = ac.CubeCount(1), ac.Bindings()
-    client.execute(EMPTY, one, none)
-    await client.sync()
-    fast = client._fast_sync
-    hits = fast.hits
-    client.execute(EMPTY, one, none, U)
-    fut = client.sync()
-    assert not isinstance(fut, LaterFuture) and not fut.done()
-    await fut
-    assert fast.hits == hits + 1
-    fut = client.wait(0x5000)
-    assert fut.done() and fast.foreign_hits == 1
-    await fut
-    await client.close()
+    async def main() -> None:
+        client = ComputeClient(bench_overhead._server(), current_backend("test").loop)
+        one, none = ac.CubeCount(1), ac.Bindings()
+        client.execute(EMPTY, one, none)
+        await client.sync()
+        fast = client._fast_sync
+        hits = fast.hits
+        client.execute(EMPTY, one, none, U)
+        fut = client.sync()
+        assert not isinstance(fut, LaterFuture) and not fut.done()
+        await fut
+        assert fast.hits == hits + 1
+        fut = client.wait(0x5000)
+        assert fut.done() and fast.foreign_hits == 1
+        await fut
+        await client.close()
+
+    await asyncio.to_thread(trio.run, main)
 
 
 async def sync_taken() -> None:
