@@ -11,6 +11,7 @@ import gc
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import numpy as np
 import pytest
 
 import asynccube as ac
@@ -20,6 +21,8 @@ from asynccube._core.channel.completion import (
     one_step_later,
     settle_soon,
 )
+
+from .kernels import SCALE, blocks
 
 
 def _ticks() -> tuple[list[int], Callable[[], None]]:
@@ -160,3 +163,41 @@ def test_under_trio_it_still_settles_from_a_callback() -> None:
             await host.sync()
 
     trio.run(main)
+
+
+@pytest.mark.cuda
+@pytest.mark.asyncio
+async def test_a_sync_the_gpu_is_done_with_wakes_in_the_next_loop_iteration() -> None:
+    """``execute`` of a tiny kernel, then ``await sync()``: one loop iteration (FastSync's
+    future settles as the task suspends), not two."""
+    async with ac.open_client("cuda:0") as gpu:
+        await _sync_after_a_tiny_kernel(gpu)
+
+
+async def _sync_after_a_tiny_kernel(gpu: ac.ComputeClient) -> None:
+    loop = asyncio.get_running_loop()
+    count, stop = [0], [False]
+
+    def tick() -> None:
+        count[0] += 1
+        if not stop[0]:
+            loop.call_soon(tick)
+
+    h = gpu.create(np.ones(256, np.float32))
+    bindings = ac.Bindings().with_buffer(h.binding()).with_scalar(np.float32, [2.0])
+    bindings = bindings.with_scalar(np.uint32, [256])
+    gpu.execute(SCALE, blocks(256), bindings)
+    await gpu.sync()
+    hits = gpu._fast_sync.hits
+    loop.call_soon(tick)
+    woke = []
+    for _ in range(20):
+        gpu.execute(SCALE, blocks(256), bindings)
+        before = count[0]
+        await gpu.sync()
+        woke.append(count[0] - before)
+    stop[0] = True
+    await asyncio.sleep(0)
+    taken = gpu._fast_sync.hits - hits
+    assert taken >= 15 and woke.count(1) >= taken, (taken, woke)
+    assert min(woke) >= 1

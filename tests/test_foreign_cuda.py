@@ -304,39 +304,3 @@ async def test_a_wait_on_short_work_is_settled_in_one_call(gpu: ac.ComputeClient
     await gpu.wait(stream)
     assert len(pool._free) == free
     assert x.item() == 20
-
-
-@aio
-async def test_a_sync_the_gpu_is_done_with_wakes_in_the_next_loop_iteration(
-    gpu: ac.ComputeClient,
-) -> None:
-    """Issue 38: ``execute`` of a tiny kernel, then ``await sync()``: one loop iteration
-    (FastSync's future settles as the task suspends), not two."""
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-    count, stop = [0], [False]
-
-    def tick() -> None:
-        count[0] += 1
-        if not stop[0]:
-            loop.call_soon(tick)
-
-    h = gpu.create(np.ones(256, np.float32))
-    bindings = ac.Bindings().with_buffer(h.binding()).with_scalar(np.float32, [2.0])
-    bindings = bindings.with_scalar(np.uint32, [256])
-    gpu.execute(SCALE, blocks(256), bindings)
-    await gpu.sync()
-    hits = gpu._fast_sync.hits
-    loop.call_soon(tick)
-    woke = []
-    for _ in range(20):
-        gpu.execute(SCALE, blocks(256), bindings)
-        before = count[0]
-        await gpu.sync()
-        woke.append(count[0] - before)
-    stop[0] = True
-    await asyncio.sleep(0)
-    taken = gpu._fast_sync.hits - hits
-    assert taken >= 15 and woke.count(1) >= taken, (taken, woke)
-    assert min(woke) >= 1
