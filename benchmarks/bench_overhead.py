@@ -168,6 +168,17 @@ class FakeDriver:
     def _pending(self) -> int:
         return ctypes.c_int.in_dll(self._lib, "fake_pending").value
 
+    def CUstream(self, value: int = 0) -> int:
+        return value  # a handle is its int (client.wait on a raw handle)
+
+    CUevent = CUstream
+
+    def cuStreamGetCtx(self, stream: Any) -> tuple[int, int]:
+        return 0, 1  # every stream is of DeviceContext(0, 1, 1)'s context
+
+    def cuStreamIsCapturing(self, stream: Any) -> tuple[int, int]:
+        return 0, 0  # CU_STREAM_CAPTURE_STATUS_NONE
+
     def cuCtxGetCurrent(self) -> tuple[int, int]:
         return 0, 1  # DeviceContext(0, 1, 1)'s context, as the C fake says
 

@@ -335,6 +335,140 @@ async def read_error() -> None:
     await s.client.close()
 
 
+def _ticks() -> tuple[list[int], Callable[[], None]]:
+    """A count of loop iterations from now on (a callback that queues itself again each
+    iteration), and what stops it."""
+    loop = asyncio.get_running_loop()
+    count, stop = [0], [False]
+
+    def tick() -> None:
+        count[0] += 1
+        if not stop[0]:
+            loop.call_soon(tick)
+
+    loop.call_soon(tick)
+    return count, lambda: stop.__setitem__(0, True)
+
+
+async def sync_wakes_once() -> None:
+    """Issue 38: awaiting a sync the device is done with suspends exactly once (the
+    caller is woken in the next loop iteration, not the one after), behind a task
+    cancelled just before it; on FastSync and on the route that settles it inline (a
+    held error)."""
+    s = await Setup().ready()
+    fast = s.client._fast_sync
+    hits = fast.hits
+    count, stop = _ticks()
+    for _ in range(20):
+        blocked = asyncio.ensure_future(asyncio.sleep(3600))
+        await asyncio.sleep(0)  # it waits in its sleep
+        s.client.execute(ADD, s.count, s.bindings, U)
+        blocked.cancel()
+        before = count[0]
+        await s.client.sync()
+        assert count[0] - before == 1, f"woken after {count[0] - before} loop iterations"
+        assert blocked.cancelled(), "the task cancelled before the sync has ended"
+    assert fast.hits == hits + 20
+    s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held, the route's sync
+    before = count[0]
+    raised: BaseException | None = None
+    try:
+        await s.client.sync()
+    except ac.DeviceError as exc:
+        raised = exc
+    assert raised is not None and "cuLaunchKernel" in str(raised), raised
+    assert count[0] - before == 1, f"the route: woken after {count[0] - before} iterations"
+    assert fast.hits == hits + 20
+    stop()
+    await asyncio.sleep(0)
+    await s.client.close()
+
+
+async def wait_taken() -> None:
+    """Issue 38: ``client.wait`` on another library's stream whose work is done within the
+    spin is settled in one call (``FastSync.foreign``: a done future, the capture given
+    back); the device still busy past the spin, or a held error: the route (which waits,
+    or raises the error first)."""
+    s = await Setup().ready()
+    fast, pool = s.client._fast_sync, s.server._events
+    hits = fast.foreign_hits
+    fut = s.client.wait(0x5000)
+    assert fut.done(), "settled in the call"
+    await fut
+    free = len(pool._free)
+    await s.client.wait(0x5000)
+    assert fast.foreign_hits == hits + 2 and len(pool._free) == free, "the capture is back"
+    flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_pending")
+    flag.value = 1  # the device is slower than the host: event queries say not ready
+    fut = s.client.wait(0x5000)
+    assert not fut.done() and fast.foreign_hits == hits + 2, "declined: the route waits"
+    flag.value = 0
+    await fut
+    s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held for the stream
+    raised: BaseException | None = None
+    try:
+        await s.client.wait(0x5000)
+    except ac.DeviceError as exc:
+        raised = exc
+    assert raised is not None and "cuLaunchKernel" in str(raised), raised
+    assert fast.foreign_hits == hits + 2
+    await s.client.wait(0x5000)
+    assert fast.foreign_hits == hits + 3
+    await s.client.close()
+
+
+async def spins_once() -> None:
+    """A sync or a wait whose work outlasts FastSync's spin goes to the route, whose
+    watcher does not spin again (one 30 µs spin on the loop, not two), and skips its
+    next spins as after one of its own that ran out."""
+    from asynccube._core.channel.completion import SPIN_BACKOFF
+
+    s = await Setup().ready()
+    fast, watcher = s.client._fast_sync, s.client._channel.watcher
+    flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_pending")
+    for call in (s.client.sync, lambda: s.client.wait(0x5000)):
+        hits, spins = (fast.hits, fast.foreign_hits), watcher.spins
+        s.client.execute(ADD, s.count, s.bindings, U)
+        flag.value = 1  # the device is slower than the host: queries say not ready
+        fut = call()
+        assert not fut.done() and (fast.hits, fast.foreign_hits) == hits, "declined"
+        assert watcher.spins == spins, "the route did not spin again"
+        assert watcher._skip_spins == SPIN_BACKOFF - 1  # (the route's skipped one)
+        flag.value = 0
+        await fut
+        watcher._skip_spins = 0
+    await s.client.close()
+
+
+async def under_trio() -> None:
+    """Under trio (its own thread here) FastSync takes a sync, settled from a callback
+    (not at once, not as the awaiting task suspends: see ``completion.settle_soon``), and
+    a wait on another library's stream."""
+    import trio
+
+    from asynccube._core.channel.backend import current_backend
+    from asynccube._core.channel.completion import LaterFuture
+
+    async def main() -> None:
+        client = ComputeClient(bench_overhead._server(), current_backend("test").loop)
+        one, none = ac.CubeCount(1), ac.Bindings()
+        client.execute(EMPTY, one, none)
+        await client.sync()
+        fast = client._fast_sync
+        hits = fast.hits
+        client.execute(EMPTY, one, none, U)
+        fut = client.sync()
+        assert not isinstance(fut, LaterFuture) and not fut.done()
+        await fut
+        assert fast.hits == hits + 1
+        fut = client.wait(0x5000)
+        assert fut.done() and fast.foreign_hits == 1
+        await fut
+        await client.close()
+
+    await asyncio.to_thread(trio.run, main)
+
+
 async def sync_taken() -> None:
     """A sync after short work is settled one loop step later (not by the route); a
     held error takes the route."""
@@ -566,6 +700,10 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         read_declined,
         read_error,
         sync_taken,
+        sync_wakes_once,
+        wait_taken,
+        spins_once,
+        under_trio,
         queued,
         first_use,
         write_one,

@@ -27,7 +27,8 @@ SCENARIOS = {
     "fast_launch_scenario.py": (
         "taken", "declined", "scalar_dtype", "other_stream", "new_task", "launch_error",
         "foreign_handle", "zero_count", "read_tensor_item", "profiling", "read_taken",
-        "read_declined", "read_error", "sync_taken",
+        "read_declined", "read_error", "sync_taken", "sync_wakes_once", "wait_taken",
+        "spins_once", "under_trio",
         "queued", "first_use", "write_one",
         "closed",
     ),

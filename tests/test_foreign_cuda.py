@@ -280,3 +280,27 @@ def test_under_trio(torch_busy: Any) -> None:
             assert not gpu._channel._pending
 
     trio.run(main)
+
+
+@aio
+@lag_ok
+async def test_a_wait_on_short_work_is_settled_in_one_call(gpu: ac.ComputeClient) -> None:
+    """Issue 38: a tiny torch kernel, then ``client.wait(stream)``: the work is done
+    within the spin, so ``FastSync.foreign`` settles the wait in the call (the capture
+    back in the pool); a long one goes to the route, which waits for it."""
+    torch = pytest.importorskip("torch")
+    stream = torch.cuda.Stream(device=0)
+    x = torch.zeros(1, device="cuda:0")
+    fast, pool = gpu._fast_sync, gpu._server._events
+    await gpu.wait(stream)  # warm: torch's kernel loaded
+    hits = fast.foreign_hits
+    for _ in range(20):
+        with torch.cuda.stream(stream):
+            x.add_(1)
+        fut = gpu.wait(stream)
+        await fut
+    assert fast.foreign_hits >= hits + 15, (fast.foreign_hits, hits)  # a slow one may miss
+    free = len(pool._free)
+    await gpu.wait(stream)
+    assert len(pool._free) == free
+    assert x.item() == 20

@@ -209,3 +209,33 @@ def test_a_capture_no_command_took_goes_back(fake: tuple[Server, FakeDriver]) ->
     del work
     gc.collect()
     assert server._events.taken == []  # type: ignore[attr-defined]
+
+
+def test_foreign_done_gives_back_a_capture_done_within_the_spin(
+    fake: tuple[Server, FakeDriver],
+) -> None:
+    """Issue 38: ``client.wait``'s one-call route (``FastSync.foreign``) asks this."""
+    server, d = fake
+    d.contexts[0x70] = OURS
+    d.events[3] = 0  # the capture (the pool's event 3) is done
+    work = _work("stream", 0x70)
+    server.capture_foreign(work)
+    assert server.foreign_done(work, 30e-6) == 0
+    assert work.captured is None and server._events.free == [1, 2, 3]  # type: ignore[attr-defined]
+    never = _work("event", 0)  # nothing captured: nothing to wait for
+    server.capture_foreign(never)
+    assert server.foreign_done(never, 30e-6) == 0
+
+
+@pytest.mark.parametrize("status", [NOT_READY, INVALID_HANDLE], ids=["not done", "error"])
+def test_foreign_done_leaves_a_capture_not_done_or_in_error_to_the_route(
+    fake: tuple[Server, FakeDriver], status: int
+) -> None:
+    server, d = fake
+    d.contexts[0x70] = OURS
+    d.events[3] = status
+    work = _work("stream", 0x70)
+    server.capture_foreign(work)
+    assert server.foreign_done(work, 30e-6) == status
+    assert work.captured == 3 and server._events.taken == [3]  # type: ignore[attr-defined]
+    assert server.foreign_wait(work, None) == ("completion", [3], 0x51)  # type: ignore[arg-type]

@@ -43,7 +43,7 @@ from .awaitable import ClientFuture
 from .backend import backend_of, current_library
 from .closing import State, begin_close, die
 from .closing import awaited as _awaited
-from .completion import CompletionWatcher
+from .completion import CompletionWatcher, LaterFuture, settle_later
 from .exclusive import SCOPE, Block, Gate
 from .footprint import Footprint, Tracked
 from .held import HeldErrors
@@ -70,6 +70,7 @@ class Channel(Settling):
         "_guards",
         "_held",
         "_inline_spent",
+        "_later",
         "_queue",
         "_stop",
         "_wakeup",
@@ -125,6 +126,9 @@ class Channel(Settling):
         it cannot run before that job ends."""
         self._inline_spent = 0.0
         """Seconds of commands run inline in this loop iteration (reset at its end)."""
+        self._later: list[LaterFuture[Any]] = []
+        """Syncs' futures settled when the inline batch ends, unless a task awaiting
+        them settled them first (their backstop: ``completion.settle_soon``)."""
         self.watcher = CompletionWatcher(loop, self.backend.checkpoint)
         self.guard: Callable[[str], None] | None = None
         """Set while a graph capture or an exclusive block is open: called by ``check``
@@ -414,6 +418,10 @@ class Channel(Settling):
     def _end_inline_batch(self) -> None:
         self._batch_end_scheduled = False
         self._inline_spent = 0.0
+        if self._later:
+            later, self._later = self._later, []
+            for fut in later:
+                settle_later(fut)
         if self.state is not State.DEAD:
             self._end_batch()
 

@@ -20,6 +20,19 @@ Two paths, picked per completion:
   ``call_soon_threadsafe``. Short waits are fast; long waits cost no CPU.
 
 No Python ever runs inside a driver callback thread.
+
+A sync found done at the call must still suspend its awaiter once (so that tasks
+cancelled before it have unwound: ``ComputeClient.sync``). :func:`one_step_later` and
+:func:`settle_soon` give such a future. Under asyncio (uvloop included) it is a
+:class:`LaterFuture`: settled as soon as a callback is attached to it, which is what
+the awaiting task does as it suspends, so the task's wake-up is queued then, behind
+the wake-ups already queued (those of the tasks cancelled before it), and runs in the
+next loop iteration; a backstop settles one that nobody awaits in that iteration (a
+``call_soon``, or the channel's end of its inline batch: ``settle_soon``). Settled
+from a ``call_soon`` instead, the task would be woken only in the iteration after that
+one: two loop iterations (two selector polls) where one keeps the promise. Under trio
+the futures are trio's, settled from a ``call_soon`` (trio may run a batch's tasks in
+reverse order: the caller must not run in the batch where the cancelled tasks unwind).
 """
 
 from __future__ import annotations
@@ -29,11 +42,13 @@ import functools
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from ..server.protocol import Completion
+from .awaitable import ClientFuture, new_future
 
-__all__ = ["CompletionWatcher", "one_step_later", "to_loop"]
+__all__ = ["CompletionWatcher", "LaterFuture", "later_futures", "one_step_later", "settle_soon",
+           "to_loop"]  # fmt: skip
 
 T = TypeVar("T")
 Sink = Callable[[Completion[Any]], None]
@@ -49,16 +64,116 @@ def _sleep0() -> Awaitable[None]:
     return asyncio.sleep(0)
 
 
+class LaterFuture(ClientFuture[T]):
+    """A client future (asyncio, uvloop) holding its outcome back until a callback is
+    attached to it (the awaiting task's wake-up, as it suspends: see above) or its
+    backstop runs (:func:`settle_later`), whichever comes first. Its source
+    (``_ac_source``) is a settled future to copy, or :data:`NONE` for ``None``; it is
+    let go of once settled."""
+
+    __slots__ = ("_ac_source",)
+    _ac_source: asyncio.Future[Any] | object | None
+
+    def add_done_callback(self, fn: Callable[..., object], *, context: Any = None) -> None:
+        """As :meth:`asyncio.Future.add_done_callback`; then settles the future (so the
+        callback, queued by that, runs in the next loop iteration)."""
+        self._ac_seen = True  # awaited, or handed to gather/wait: as WatchedFuture's
+        _add_done_callback(self, fn, context=context)
+        if self._ac_source is not None:
+            settle_later(self)
+
+
+_add_done_callback = asyncio.Future.add_done_callback
+NONE: Final = object()
+"""A :class:`LaterFuture`'s source meaning "settle with ``None``" (a sync)."""
+
+
+def settle_later(later: LaterFuture[Any]) -> None:
+    """Settle ``later`` from its source, once (its caller may have cancelled it)."""
+    source = later._ac_source
+    if source is None:
+        return
+    later._ac_source = None
+    if later.done():
+        return
+    if source is NONE:
+        later.set_result(None)
+    else:
+        _copy(source, later)  # type: ignore[arg-type]
+
+
+class _Channel(Protocol):
+    """What :func:`later_futures` asks of a channel (``channel.Channel``)."""
+
+    backend: Any
+    loop: asyncio.AbstractEventLoop
+    _held: Any
+
+    def future_factory(self) -> Callable[[], asyncio.Future[Any]]: ...
+
+
+def later_futures(channel: _Channel) -> Callable[[], asyncio.Future[Any]]:
+    """The maker of :func:`one_step_later`'s and :func:`settle_soon`'s futures for
+    ``channel``'s client: :class:`LaterFuture` under asyncio, the channel's own class
+    (trio's) elsewhere (see above)."""
+    if channel.backend.name != "asyncio":
+        return channel.future_factory()
+    return functools.partial(new_future, LaterFuture, channel.loop, channel._held)
+
+
+def settle_soon(
+    later: asyncio.Future[None], batch: list[LaterFuture[Any]] | None = None
+) -> asyncio.Future[None]:
+    """``later`` (new, from :func:`later_futures`' maker), set to resolve with ``None``
+    so that awaiting it suspends exactly once (see above); returned. ``batch``: the
+    channel's list of such futures settled when its inline batch ends (the caller
+    makes sure that end is scheduled: ``ran_inline``), a backstop without a loop
+    callback of its own; else one is queued."""
+    if type(later) is not LaterFuture:
+        later.get_loop().call_soon(_settle_none, later)
+    elif batch is not None:
+        later._ac_source = NONE
+        batch.append(later)
+    else:
+        later._ac_source = NONE
+        later.get_loop().call_soon(settle_later, later)
+    return later
+
+
+def _settle_none(fut: asyncio.Future[None]) -> None:
+    if not fut.done():  # unless its caller cancelled it
+        fut.set_result(None)
+
+
 def one_step_later(
     make: Callable[[], asyncio.Future[T]], fut: asyncio.Future[T]
 ) -> asyncio.Future[T]:
-    """A future from ``make`` settled like the settled ``fut``, one loop step from now:
-    awaiting it suspends once, so callbacks queued before it (the wake-ups of tasks
-    cancelled before a sync, whose frames then unwind and drop their handles) run
-    first."""
+    """A future from ``make`` (:func:`later_futures`' maker) settled like the settled
+    ``fut`` so that awaiting it suspends exactly once (see above): callbacks queued
+    before it (the wake-ups of tasks cancelled before a sync, whose frames then unwind
+    and drop their handles) run first."""
     later: asyncio.Future[T] = make()
-    later.get_loop().call_soon(_Relay(fut, later))
+    if type(later) is LaterFuture:
+        later._ac_source = fut
+        later.get_loop().call_soon(settle_later, later)  # the backstop
+    else:
+        later.get_loop().call_soon(_Relay(fut, later))
     return later
+
+
+def _copy(fut: asyncio.Future[Any], later: asyncio.Future[Any]) -> None:
+    """Settle ``later`` (not done) like ``fut`` (done)."""
+    if fut.cancelled():
+        later.cancel()
+        return
+    error = fut.exception()  # handed on: ``later`` gives it back if never retrieved
+    if error is None:
+        later.set_result(fut.result())
+        return
+    stream = getattr(fut, "_ac_stream", None)
+    if stream is not None:
+        later._ac_stream = stream  # type: ignore[attr-defined]
+    later.set_exception(error)
 
 
 class _Relay:
@@ -77,17 +192,7 @@ class _Relay:
         self.fut = self.later = None
         if fut is None or later is None or later.done():
             return
-        if fut.cancelled():
-            later.cancel()
-            return
-        error = fut.exception()  # handed on: ``later`` gives it back if never retrieved
-        if error is None:
-            later.set_result(fut.result())
-            return
-        stream = getattr(fut, "_ac_stream", None)
-        if stream is not None:
-            later._ac_stream = stream  # type: ignore[attr-defined]
-        later.set_exception(error)
+        _copy(fut, later)
 
 
 class CompletionWatcher:
@@ -138,6 +243,12 @@ class CompletionWatcher:
             self._polling.append((completion, sink, time.perf_counter() + self._spin))
             if self._poller is None:
                 self._poller = self._loop.create_task(self._poll(), name="asynccube-poller")
+
+    def ran_out(self) -> None:
+        """A one-call route's spin (``FastSync``'s, as long as ``sync_spin_seconds``)
+        ran out: its command goes to the route, which then does not spin again, nor do
+        the next spins (as after a spin of the watcher's own: ``SPIN_BACKOFF``)."""
+        self._skip_spins = SPIN_BACKOFF
 
     def _spin_now(self, completion: Completion[Any]) -> bool:
         """Poll ``done()`` without yielding for up to ``sync_spin_seconds`` (tens of µs):

@@ -9,7 +9,8 @@ that takes the command on: the channel, or the hot path, whose compiled module d
 its pure-Python twin ``cuda.native._twin`` does; ``tests/test_routes.py`` checks each name).
 A launch, a small read of one buffer and a sync take the first route when the server's
 ``FastLaunch`` or ``FastSync`` takes them (``cuda.fast``, ``cuda.fast_sync`` say when),
-else the second::
+else the second; so does ``wait`` on another library's work done within a few µs
+(else the channel's ``request`` of ``cuda.foreign.ForeignOps.foreign_wait``)::
 
     route: client.client.ComputeClient.execute -> [cuda.native._twin.FastLaunch]
         -> driver:cuLaunchKernel
@@ -27,6 +28,9 @@ else the second::
         -> cuda.server.CudaServer.sync -> stream.multi.MultiStream.flush_pending
         -> cuda.streams.CudaBackend.flush -> cuda.completion.EventPool.record
         -> [cuda.native._twin.event_record] -> driver:cuEventRecord
+    route: client.coordination.ClientCoordination.wait -> client.foreign.wait
+        -> [cuda.fast_sync.FastSync.foreign] -> cuda.foreign.ForeignOps.foreign_done
+        -> [cuda.native._twin.event_query] -> driver:cuEventQuery
 
 ``to_client`` between two GPUs that reach each other (the staged route, through a read
 and a ``create``, is the read route then the create's), and the exports of a tensor

@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..channel.channel import BATCH_SECONDS, Channel, State
-from ..channel.completion import one_step_later
+from ..channel.completion import later_futures, one_step_later
 from ..channel.footprint import Footprint
 from ..config.config import AsyncCubeConfig
 from ..errors import InvalidArgument
@@ -126,6 +126,7 @@ class ComputeClient(ClientCoordination, ClientSurface):
             self._fast.set_footprint(channel.footprint)
         syncer = getattr(server, "fast_syncer", None)  # CUDA: cuda/fast_sync.py
         self._fast_sync: Any = syncer(channel) if syncer is not None else None
+        self._later = later_futures(channel)  # a sync settled inline: one_step_later
         # The parts (see the module docstring).
         self._dispatch = dispatch = Dispatch(channel, self._jobs)
         self._movement = DataMovement(server, channel, dispatch, self._jobs)
@@ -298,9 +299,10 @@ class ComputeClient(ClientCoordination, ClientSurface):
 
         Raises the first error held for the calling task's stream. Graphs whose
         ``Graph`` object is gone are released first, so their buffers count as free.
-        Awaiting it suspends at least once, even when the device is already done, so
-        tasks cancelled before it have unwound: the next ``memory_usage()`` counts
-        every handle dropped before the sync as free.
+        Awaiting it suspends at least once, even when the device is already done (then
+        exactly once, under asyncio and uvloop: the caller wakes in the next loop
+        iteration), so tasks cancelled before it have unwound: the next
+        ``memory_usage()`` counts every handle dropped before the sync as free.
         """
         fast = self._fast_sync  # FastSync: the device is done within a few µs
         if fast is not None and self._graph_registry is None:
@@ -312,8 +314,8 @@ class ComputeClient(ClientCoordination, ClientSurface):
             self._graph_registry.drain()
         channel = self._channel
         fut = channel.request(channel.await_completion, StreamId.current(), self._server.sync)
-        if fut.done():  # settled inline: suspend once (see FastSync's settle_none)
-            return one_step_later(channel.new_future, fut)
+        if fut.done():  # settled inline: suspend exactly once (see one_step_later)
+            return one_step_later(self._later, fut)
         return fut
 
     def get_resource(self, binding: Binding | Handle) -> asyncio.Future[BindingResource[Any]]:

@@ -15,7 +15,9 @@ in the channel's queue nor a re-recorded event moves what is waited for); bad in
 * ``wait`` is an awaited command, like ``sync``: its future settles through the channel's
   completion watcher once the work is done (and raises the errors held for the calling
   task's stream first, as every awaited call does). Cancelling the awaiting task leaves
-  the completion to finish in the background, as a read's does, and frees it then.
+  the completion to finish in the background, as a read's does, and frees it then. On
+  CUDA, work done within a few µs is first offered to the server's one-call route
+  (``FastSync.foreign``, on a sync's conditions), which settles the future at once.
 * ``after`` is fire-and-forget, ordered like an ``execute`` of the calling task; an error
   the driver reports when it runs is held for the task's stream.
 """
@@ -46,6 +48,7 @@ class ForeignClient(Protocol):
     _server: ComputeServer
     _channel: Channel
     _dispatch: Dispatch
+    _fast_sync: Any
 
 
 _HANDLE_TYPES = {
@@ -62,6 +65,11 @@ def wait(client: ForeignClient, obj: Any) -> asyncio.Future[None]:
     work = describe(obj, "wait")
     server = client._server
     _capture(client, work)
+    fast = client._fast_sync  # CUDA: cuda/fast_sync.py, the work done within a few µs
+    if fast is not None:
+        done = fast.foreign(work)
+        if done is not None:
+            return done  # type: ignore[no-any-return]
     return client._dispatch.request(server.foreign_wait, work)
 
 

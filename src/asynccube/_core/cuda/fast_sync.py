@@ -5,14 +5,24 @@ The route (``ComputeClient.sync`` -> ``Channel.request`` -> ``await_completion``
 hands a completion to the watcher. When that work ends within a few µs (a sync right
 after a short kernel), most of the cost is that machinery. ``FastSync`` polls each such
 stream directly (``cuStreamQuery``, through the hot path) for up to 30 µs, as the
-watcher's first spin does, and returns a future resolved one loop step later (not at
-once, so that tasks cancelled before the sync have unwound when it returns:
-:func:`settle_none`). It runs only where the route would run the sync inline with nothing else
-to do first: the channel open, called on its loop, no capture, the actor idle with
-nothing queued, no error held (the route raises it), no graphs to release, the device's
-context current as ``driver.set_current`` left it. Anything else, a stream not done
-within the spin or a stream in error, returns None and the route takes the sync (the
-server's collection of dropped handles, run first by both, is idempotent).
+watcher's first spin does, and returns a future that awaiting suspends exactly once:
+not a done one, so that tasks cancelled before the sync have unwound when it returns;
+under asyncio it settles as its awaiting task suspends, so that task wakes in the next
+loop iteration (:func:`..channel.completion.settle_soon`). The future is made before
+the poll, while the device may still run. It runs only where the route would run the
+sync inline with nothing else to do first: the channel open, called on its loop, no
+capture, the actor idle with nothing queued, no error held (the route raises it), no
+graphs to release, the device's context current as ``driver.set_current`` left it.
+Anything else, a stream not done within the spin or a stream in error, returns None
+and the route takes the sync (the server's collection of dropped handles, run first by
+both, is idempotent); after a spin that ran out, the route's watcher does not spin
+again (``CompletionWatcher.ran_out``).
+
+``fast_sync.foreign(work)`` does the same for ``client.wait(obj)``, once the client has
+captured the work (``capture_foreign``): on the same conditions, the captured event
+polled for up to 30 µs (``ForeignOps.foreign_done``); done, a done future (the route's
+inline spin returns one too: awaiting it does not suspend, nothing having to unwind
+first); else None, and the route waits (or raises the event's error).
 
 Plain Python over the hot path's ``stream_query``: the same code for the compiled
 module and its twin.
@@ -22,16 +32,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
+from ..channel.completion import later_futures, settle_soon
 from . import driver
 from .native.hotpath import hot
 
 if TYPE_CHECKING:
     from ..channel.channel import Channel
-    from .state import ServerCore
+    from ..channel.completion import CompletionWatcher
+    from ..server.foreign import ForeignWork
+    from .foreign import ForeignOps
 
-__all__ = ["FastSync", "settle_none"]
+__all__ = ["FastSync"]
 
 SPIN_S: Final = 30e-6
 """How long the streams are polled (as ``CompletionWatcher``'s ``sync_spin_seconds``)."""
@@ -39,25 +52,13 @@ _NOT_READY: Final = 600  # CUDA_ERROR_NOT_READY
 _get_running_loop = asyncio._get_running_loop
 
 
-def settle_none(fut: asyncio.Future[None]) -> None:
-    """Resolve a sync's future (unless its caller cancelled it) one loop step after
-    the sync was found done, never at once: the tasks cancelled before the sync (their
-    wake-ups are queued ahead of this) unwind first, and the loop lets go of the
-    callback that resumed the caller (the loop holds it for the rest of its step: a
-    ``gather`` of cancelled tasks, say, whose errors' tracebacks hold their frames), so
-    the handles those held are dropped, and the next ``memory_usage()`` counts them as
-    free (the sync marked every stream done, so their slices are released at once)."""
-    if not fut.done():
-        fut.set_result(None)
-
-
 class FastSync:
     """``fast_sync() -> a resolved future, or None`` for one client (see above)."""
 
-    __slots__ = ("_channel", "_context", "_new_future", "_on_loop", "_open", "_server",
-                 "declined", "hits")  # fmt: skip
+    __slots__ = ("_channel", "_context", "_done_future", "_new_future", "_on_loop", "_open",
+                 "_server", "declined", "foreign_hits", "hits")  # fmt: skip
 
-    def __init__(self, server: ServerCore, channel: Channel) -> None:
+    def __init__(self, server: ForeignOps, channel: Channel) -> None:
         from ..channel.channel import State
 
         self._server = server
@@ -65,19 +66,42 @@ class FastSync:
         self._open = State.OPEN
         self._context = server._ctx.context
         self._on_loop = None if channel.backend.name == "asyncio" else channel.backend.on_loop
-        self._new_future = channel.future_factory()
+        self._new_future = later_futures(channel)
+        self._done_future = channel.future_factory()
         self.hits = 0
         self.declined = 0
+        self.foreign_hits = 0
 
     def __call__(self) -> asyncio.Future[None] | None:
-        if not self._ready() or not self._all_done():
+        if not self._ready():
             self.declined += 1
             return None
+        server = self._server
+        server._collect()
+        marks = [(w, w.cursor) for _, w in server._streams.streams.existing() if w.cursor != w.done]
+        fut = self._new_future()  # made now, while the device may still run
+        watcher = self._channel.watcher
+        if marks and not _done(_all_done(marks), watcher):  # cuStreamQuery, a short spin
+            fut._ac_seen = True  # type: ignore[attr-defined]  # never returned: no warning
+            self.declined += 1
+            return None
+        server._streams.mark_done(marks)
         c = self._channel
-        fut: asyncio.Future[None] = self._new_future()
-        c.loop.call_soon(settle_none, fut)  # one loop step: see settle_none
-        c.ran_inline()
+        settle_soon(fut, c._later)  # awaiting it suspends exactly once (see settle_soon)
+        c.ran_inline()  # (the end of the inline batch is its backstop)
         self.hits += 1
+        return fut
+
+    def foreign(self, work: ForeignWork) -> asyncio.Future[None] | None:
+        """``client.wait``'s captured ``work`` done within the spin: a done future; else
+        None (see above)."""
+        if not self._ready():
+            return None
+        if not _done(self._server.foreign_done(work, SPIN_S), self._channel.watcher):
+            return None
+        fut: asyncio.Future[None] = self._done_future()
+        fut.set_result(None)
+        self.foreign_hits += 1
         return fut
 
     def _ready(self) -> bool:
@@ -90,19 +114,26 @@ class FastSync:
             return False
         return getattr(driver._tls, "context", None) is self._context
 
-    def _all_done(self) -> bool:
-        """Poll every stream with work not known done; mark them done if all finished."""
-        server = self._server
-        server._collect()
-        marks = [(w, w.cursor) for _, w in server._streams.streams.existing() if w.cursor != w.done]
-        end = time.perf_counter() + SPIN_S
-        query = hot.stream_query  # cuStreamQuery
-        for wrapper, _ in marks:
-            while True:
-                err = int(query(wrapper.stream))
-                if err == 0:
-                    break
-                if err != _NOT_READY or time.perf_counter() >= end:
-                    return False  # the route waits (or raises the stream's error)
-        server._streams.mark_done(marks)
-        return True
+
+def _done(status: int, watcher: CompletionWatcher) -> bool:
+    """True for a poll that found the work done; after a spin that ran out, the route's
+    watcher does not spin again (``ran_out``)."""
+    if status == _NOT_READY:
+        watcher.ran_out()
+    return status == 0
+
+
+def _all_done(marks: list[tuple[Any, int]]) -> int:
+    """Poll the streams of ``marks`` (their wrappers) for up to ``SPIN_S``: 0 once all
+    finished, else the last status (``CUDA_ERROR_NOT_READY`` once the spin ran out, or
+    a stream's error: the route raises it)."""
+    end = time.perf_counter() + SPIN_S
+    query = hot.stream_query  # cuStreamQuery
+    for wrapper, _ in marks:
+        while True:
+            err = int(query(wrapper.stream))
+            if err == 0:
+                break
+            if err != _NOT_READY or time.perf_counter() >= end:
+                return err  # the route waits (or raises the stream's error)
+    return 0

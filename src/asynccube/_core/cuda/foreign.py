@@ -15,6 +15,11 @@ or event, waited on without a host round trip and without blocking the loop.
   or a sync: polled for a few hundred µs, then the notify stream of the task's own
   stream waits for it and a C host function closes a pipe the loop watches (no thread,
   no Python in the driver's thread).
+* ``foreign_done``: the same wait in one call, offered first (by the client's
+  :class:`~.fast_sync.FastSync`, on its conditions): the captured event polled for up
+  to 30 µs, as the completion watcher's first spin does; done, it goes back to the pool
+  and the caller's future is settled at once (what the route does when its spin
+  succeeds, through the channel, the completion and the watcher).
 * ``foreign_after``: the task's stream waits on the device (``cuStreamWaitEvent``) for
   the captured event; its cursor moves, so a later ``sync`` covers the wait.
 
@@ -24,6 +29,7 @@ when its :class:`~..server.foreign.ForeignWork` is dropped.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..errors import CudaDriverError, ForeignStreamError
@@ -114,6 +120,26 @@ class ForeignOps(ServerCore):
         own = self._streams.streams.get(stream).stream  # keys the notify stream (bounded)
         event = work.take()
         return self._completion([] if event is None else [event], own, None)
+
+    def foreign_done(self, work: ForeignWork, spin: float) -> int:
+        """Poll the captured event for up to ``spin`` seconds: 0 once
+        done (given back: nothing is left to wait for), else the last status,
+        ``CUDA_ERROR_NOT_READY`` or an error (the capture is kept for ``foreign_wait``,
+        which waits for it or raises the error)."""
+        event = work.captured
+        if event is None:
+            return 0  # an event never recorded: nothing to wait for
+        query = hot.event_query
+        end = time.perf_counter() + spin
+        while True:
+            err = int(query(event))
+            if err == 0:
+                break
+            if err != _NOT_READY or time.perf_counter() >= end:
+                return err
+        work.take()
+        self._events.give(event)
+        return 0
 
     def foreign_after(self, work: ForeignWork, stream: StreamId) -> None:
         """Make ``stream``'s CUDA stream wait on the device for the captured work."""
