@@ -47,7 +47,7 @@ def to_client(src: ClientParts, handle: Handle | Binding, other: ClientParts) ->
     if other is src:
         raise InvalidArgument("to_client needs another client; the handle is already on this one")
     binding = _binding(handle)
-    if not src.server.owns(binding):  # type: ignore[attr-defined]
+    if not src._server.owns(binding):  # type: ignore[attr-defined]
         raise InvalidHandle(
             f"{binding!r} does not belong to this {src.device} client (it is another "
             "client's, or a closed one's); call to_client on the client that created it"

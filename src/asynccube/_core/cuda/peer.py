@@ -184,12 +184,18 @@ def import_copy(
     enter(server)
     ptr, ctx, event, _ = source
     binding = handle.binding()
+    streams = server._streams
     if created:
         dst = server._ptr(binding)
+        cu_stream = streams.resolve(stream, [binding]).stream
     else:
         server.create([handle], stream)
         dst = server._ptr_slow(binding)  # a new handle: its address is not cached yet
-    cu_stream = server._streams.resolve(stream, [binding]).stream
+        # created just now on ``stream``: what ``resolve`` does for it (no other stream
+        # to wait for), the cursor advanced and the copy stamped as its last use
+        cursor = streams.advance(stream)
+        streams.last_use[binding.memory.id] = (stream, cursor)
+        cu_stream = streams.streams.get(stream).stream
     err = hot.stream_wait_event(cu_stream, event)
     if err:
         raise error_from(err, "cuStreamWaitEvent(peer)")
