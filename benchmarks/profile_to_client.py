@@ -2,14 +2,18 @@
 (issue 38), over ``bench_overhead.py``'s no-op driver (no GPU needed).
 
 ``bench_peer.py``'s timed copy: a batch of ``copy = src.to_client(h, dst)`` (each copy
-dropped by the next), then ``await dst.sync()``. For each ``--batch-us`` (the channels'
+dropped by the next), then ``await dst.sync()``. With ``--devices 2`` (the default) the
+two clients stand for two GPUs (two fake devices and contexts, peer access enabled as on
+the GPU machine: each side's context must be made current for its part); ``--devices 1``:
+two clients of one device. For each ``--batch-us`` (the channels'
 budget per loop iteration: the default 1000 queues most of a long batch on both actors;
 a huge one runs every copy inline), prints:
 
 * the loop thread's CPU per copy (``time.thread_time``, best of ``--rounds``), for the
   calls alone and with the sync that drains what they queued;
-* the fake library's driver calls per copy (the compiled hot path's; the pure-Python
-  twin's go through the Python fake and are not counted there);
+* the driver calls per copy: the fake library's (the compiled hot path's; the
+  pure-Python twin's go through the Python fake and are not counted there), and the
+  ``cuCtxSetCurrent`` calls made through ``cuda.bindings`` (``driver.set_current``);
 * cProfile's calls per copy and the top functions by own time (``--top``).
 
     PYTHONPATH=src python benchmarks/profile_to_client.py
@@ -50,8 +54,8 @@ async def measure(batch_us: float, args: argparse.Namespace) -> None:
 
     loop = asyncio.get_running_loop()
     src, dst = (
-        ComputeClient(bench_overhead._server(), loop, batch_seconds=batch_us * 1e-6)
-        for _ in range(2)
+        ComputeClient(_server(i if args.devices == 2 else 0), loop, batch_seconds=batch_us * 1e-6)
+        for i in range(2)
     )
     h = src.create(bytes(SIZE))
     await _batch(src, dst, h, 50)  # warm: events pooled, slices made
@@ -65,8 +69,10 @@ async def measure(batch_us: float, args: argparse.Namespace) -> None:
 
     lib = driver._module._lib  # type: ignore[union-attr]  # the no-op libcuda.so.1
     bench_overhead.c_calls(lib, reset=True)
+    _switches[0] = 0
     await _batch(src, dst, h, n)
-    driver = {k: round(v / n, 2) for k, v in bench_overhead.c_calls(lib, reset=True).items()}
+    counts = {**bench_overhead.c_calls(lib, reset=True), "cuCtxSetCurrent(py)": _switches[0]}
+    driver = {k: round(v / n, 2) for k, v in counts.items()}
     print(f"  driver calls per copy (compiled hot path): {driver}")
     prof = cProfile.Profile()
     await src.sync()
@@ -82,14 +88,47 @@ async def measure(batch_us: float, args: argparse.Namespace) -> None:
     await dst.close()
 
 
+_switches = [0]
+"""``cuCtxSetCurrent`` calls through the Python fake (``driver.set_current``)."""
+
+
+def _server(ordinal: int) -> Any:
+    """``bench_overhead._server()`` on fake device ``ordinal`` (context ``ordinal + 1``:
+    device 0's is the one the fake's ``cuCtxGetCurrent`` answers)."""
+    if not ordinal:
+        return bench_overhead._server()
+    from asynccube._core.cuda import driver
+    from asynccube._core.cuda.server import CudaServer
+
+    original = driver.DeviceContext
+    props = bench_overhead._server().properties  # a throwaway server: its properties
+    return CudaServer(original(ordinal, ordinal + 1, ordinal + 1), properties=props)
+
+
+def _count_switches() -> None:
+    """Count ``cuCtxSetCurrent`` through ``cuda.bindings``; devices reach each other."""
+    from asynccube._core.cuda import driver
+
+    fake = driver._module
+
+    def set_current(ctx: Any) -> tuple[int]:
+        _switches[0] += 1
+        return (0,)
+
+    fake.cuCtxSetCurrent = set_current  # type: ignore[union-attr]
+    fake.cuDeviceCanAccessPeer = lambda a, b: (0, 1)  # type: ignore[union-attr]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-us", default="1000,1e8", help="comma-separated budgets (µs)")
     p.add_argument("--copies", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--devices", type=int, default=2, choices=(1, 2))
     p.add_argument("--top", type=int, default=0, help="cProfile's top functions (0: none)")
     args = p.parse_args()
     bench_overhead.install_fake()
+    _count_switches()
     for batch_us in (float(b) for b in args.batch_us.split(",")):
         asyncio.run(measure(batch_us, args))
 

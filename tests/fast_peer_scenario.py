@@ -34,18 +34,22 @@ ONE, NOTHING = ac.CubeCount(1), ac.Bindings()
 
 
 class Pair:
-    """Two clients on two fake servers of one device, a source buffer, the driver traced."""
+    """Two clients on two fake servers of one device (``devices=2``: the destination's
+    on a second device, its own context, the two reaching each other), a source buffer,
+    the driver traced."""
 
-    def __init__(self, batch_seconds: float = 1e-3) -> None:
+    def __init__(self, batch_seconds: float = 1e-3, devices: int = 1) -> None:
         from asynccube._core.cuda import driver
 
         loop = asyncio.get_running_loop()
+        fake: Any = driver._module
+        if devices == 2:
+            fake.cuDeviceCanAccessPeer = lambda a, b: (0, 1)
         self.src = ComputeClient(bench_overhead._server(), loop, batch_seconds=batch_seconds)
-        self.dst = ComputeClient(bench_overhead._server(), loop, batch_seconds=batch_seconds)
+        self.dst = ComputeClient(_server(devices - 1), loop, batch_seconds=batch_seconds)
         self._copies: list[int] = []
         """The twin's peer copies (through the Python fake): the launches made before each."""
         self._fail = 0
-        fake: Any = driver._module
         self._fake = fake
         lib = bench_overhead_lib()
         self._c_peers = ctypes.c_long.in_dll(lib, "fake_peers")
@@ -120,6 +124,18 @@ class Pair:
         self.untrace()
         await self.src.close()
         await self.dst.close()
+
+
+def _server(ordinal: int) -> Any:
+    """A fake server of device ``ordinal``: device 0's is ``bench_overhead``'s (context 1,
+    the one the fake's ``cuCtxGetCurrent`` answers); another's has context ``ordinal + 1``."""
+    if not ordinal:
+        return bench_overhead._server()
+    from asynccube._core.cuda.driver import DeviceContext
+    from asynccube._core.cuda.server import CudaServer
+
+    props = bench_overhead._server().properties
+    return CudaServer(DeviceContext(ordinal, ordinal + 1, ordinal + 1), properties=props)
 
 
 def fresh() -> ac.Kernel:
@@ -327,10 +343,78 @@ async def peer_cancelled_source() -> None:
     await p.dst.close()
 
 
+async def peer_two_devices() -> None:
+    """Two devices' clients, both idle: one ``to_client`` switches the calling thread's
+    context twice, through the hot path (``hot.ctx_set``, never cuda.bindings' wrapper):
+    to the destination's for its allocation, the wait and the copy, back to the
+    source's for the finish, which stays current for the source's next command (its
+    one-call routes need it); the destination's one-call allocation is not asked while
+    its context is not current (it would decline). Queued copies between the two
+    devices (each actor's commands run with its context current) arrive too."""
+    from asynccube._core.cuda import driver, peer
+
+    p = await Pair(devices=2).ready()
+    p.src.to_client(p.h, p.dst)  # warm: peer access enabled (a worker thread), events pooled
+    await p.dst.sync()
+    await p.src.sync()
+    await p.src.sync()  # the source's context current again
+    switches: list[Any] = []
+    ctx_set, wrapped = peer.hot.ctx_set, p._fake.cuCtxSetCurrent
+    inside = [False]
+
+    def hot_switch(context: Any) -> Any:
+        switches.append(context)
+        inside[0] = True  # the twin's own call goes through the Python fake
+        try:
+            return ctx_set(context)
+        finally:
+            inside[0] = False
+
+    def wrapper_switch(context: Any) -> Any:
+        if not inside[0]:
+            switches.append(("cuda.bindings", context))
+        return wrapped(context)
+
+    peer.hot.ctx_set = hot_switch  # type: ignore[attr-defined]
+    p._fake.cuCtxSetCurrent = wrapper_switch
+    asked = [0]
+    fast, empty = p.dst._fast, p.dst._fast.empty  # type: ignore[attr-defined]
+
+    class Counted:  # FastLaunch's slots forbid patching it: stands for it
+        def empty(self, size: int) -> Any:
+            asked[0] += 1
+            return empty(size)
+
+    p.dst._fast = Counted()  # type: ignore[assignment]
+    try:
+        before = p.calls()
+        assert driver._tls.context is p.src.server.context.context  # type: ignore[attr-defined]
+        copy = p.src.to_client(p.h, p.dst)
+        got = diff(p.calls(), before)
+        assert not p.src._channel._queue and not p.dst._channel._queue, "commands queued"
+    finally:
+        peer.hot.ctx_set = ctx_set  # type: ignore[attr-defined]
+        del p._fake.cuCtxSetCurrent
+        p.dst._fast = fast
+    src_ctx, dst_ctx = p.src.server.context.context, p.dst.server.context.context  # type: ignore[attr-defined]
+    assert switches == [dst_ctx, src_ctx], switches
+    assert driver._tls.context is src_ctx
+    assert asked[0] == 0, "the destination's one-call allocation asked with another context"
+    assert got.get("cuMemcpyPeerAsync") == 1 and got.get("cuStreamWaitEvent") == 2, got
+    assert len((await p.dst.read([copy]))[0]) == SIZE
+    p.dst.execute(fresh(), ONE, NOTHING)  # the destination busy: the copies are queued
+    copies = [p.src.to_client(p.h, p.dst) for _ in range(20)]
+    assert p.src._channel._queue or p.dst._channel._queue, "nothing was queued"
+    for h in (copies[0], copies[-1]):
+        assert len((await p.dst.read([h]))[0]) == SIZE
+    await p.src.sync()
+    await p.close()
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
     for f in (peer_inline, peer_queued, peer_busy_source, peer_busy_dest, peer_errors,
-              peer_dead_dest, peer_cancelled_dest, peer_cancelled_source)
+              peer_dead_dest, peer_cancelled_dest, peer_cancelled_source, peer_two_devices)
 }  # fmt: skip
 
 

@@ -142,6 +142,8 @@ def test_valid_launch_without_driver_is_refused(hot: Any) -> None:
         ("event_query", ("x",), "event"),
         ("event_record", (1, "s"), "stream"),
         ("stream_wait_event", (-1, 1), "stream"),
+        ("ctx_set", ("c",), "context"),
+        ("ctx_set", (-1,), "context"),
         ("memcpy_async", (True, 1, 0, 8, 0), "host address"),
         ("memcpy_async", (True, 1, 8, -8, 0), "nbytes"),
         ("memcpy_peer", (-1, 1, 8, 1, 8, 0), "destination address"),

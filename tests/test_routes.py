@@ -134,7 +134,7 @@ def test_every_hop_of_the_client_routes_exists() -> None:
     for hop in (
         "client.launch.Launcher.launch",
         "client.movement.DataMovement.read_on_actor",
-        "client.transfer._peer_copy",
+        "client.transfer._inline",
         "client.interop.export_dlpack",
         "client.interop.cuda_array_interface",
     ):

@@ -300,3 +300,25 @@ async def test_two_clients_of_one_gpu_share_its_context_object() -> None:
         h = a.create(b"both ways")
         back = b.to_client(a.to_client(h, b), a)
         assert await a.read([back]) == [b"both ways"]
+
+
+@pytest.mark.cuda
+@two_gpus
+async def test_peer_copies_keep_the_current_context_and_its_mark_agreed() -> None:
+    """A peer copy switches to the destination's context and back through the hot
+    path's ``cuCtxSetCurrent`` (not ``driver.set_current``): after each ``to_client``,
+    inline or queued, the driver's current context is the one ``driver.set_current``'s
+    mark names (the one-call routes trust it), and the bytes arrive both ways."""
+    from asynccube._core.cuda import driver
+    from asynccube._core.cuda.driver import check, cu
+
+    want = np.arange(1024, dtype=np.float32)
+    async with ac.open_client("cuda:0") as a, ac.open_client("cuda:1") as b:
+        h = a.create(want)
+        for _ in range(200):
+            copy = a.to_client(h, b)
+            assert int(check(cu().cuCtxGetCurrent())) == int(driver._tls.context)
+            back = b.to_client(copy, a)
+            assert int(check(cu().cuCtxGetCurrent())) == int(driver._tls.context)
+        np.testing.assert_array_equal(await b.read_array(copy, np.float32), want)
+        np.testing.assert_array_equal(await a.read_array(back, np.float32), want)

@@ -37,8 +37,8 @@ and a ``create``, is the read route then the create's), and the exports of a ten
 (DLPack, then the CUDA Array Interface)::
 
     route: client.client.ComputeClient.to_client -> client.transfer.to_client
-        -> client.transfer._peer_copy -> [channel.channel.Channel.send]
-        -> client.transfer._whole -> cuda.peer.import_copy
+        -> [channel.channel.Channel.send] -> client.transfer._inline
+        -> cuda.peer.import_copy -> [cuda.native._twin.memcpy_peer] -> driver:cuMemcpyPeerAsync
     route: client.tensor.Tensor.__dlpack__ -> client.interop.export_dlpack
         -> client.interop._export_cuda -> cuda.interop.InteropOps.export_to_stream
         -> driver:cuStreamWaitEvent

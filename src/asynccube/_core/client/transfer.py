@@ -47,7 +47,7 @@ def to_client(src: ClientParts, handle: Handle | Binding, other: ClientParts) ->
     if other is src:
         raise InvalidArgument("to_client needs another client; the handle is already on this one")
     binding = _binding(handle)
-    if not src.server.owns(binding):  # type: ignore[attr-defined]
+    if not src._server.owns(binding):  # type: ignore[attr-defined]
         raise InvalidHandle(
             f"{binding!r} does not belong to this {src.device} client (it is another "
             "client's, or a closed one's); call to_client on the client that created it"
@@ -59,10 +59,20 @@ def to_client(src: ClientParts, handle: Handle | Binding, other: ClientParts) ->
         data = src.read([binding])
         other._channel.send(_write_when_read, other, dst, data, stream)
         return dst
+    peer = _peer_module()
     fast = other._fast  # FastLaunch.empty: a dropped slice the stream passed, in one call
-    taken = fast.empty(binding.size) if fast is not None else None
+    # (only with the destination's context current: else it declines, and the copy
+    # switches to it once, for the allocation with the import)
+    taken = (
+        fast.empty(binding.size) if fast is not None and peer.is_current(other._server) else None
+    )
     dst = other._memory.mint(binding.size, stream) if taken is None else taken
-    _peer_copy(_Copy(src, binding, other, dst, stream, route is _READY, taken is not None))
+    created = taken is not None
+    sch, och = src._channel, other._channel
+    if route is _READY and sch.can_run_now() and och.can_run_now():
+        sch.send(_inline, src, binding, other, dst, stream, created)  # the usual case
+    else:
+        _peer_copy(_Copy(src, binding, other, dst, stream, route is _READY, created))
     return dst
 
 
@@ -228,14 +238,14 @@ def _peer_module() -> Any:
 
 
 def _peer_copy(copy: _Copy) -> None:
-    """Both sides at once, on the calling thread, when both actors are idle (the usual
-    case: the copy is on the device before this returns): :func:`_whole` through the
-    source's ``Channel.send``. Otherwise a command on each channel, sent at the same
-    moment; the first to run takes the other one from the head of its queue
-    (``Channel.claim``: that actor is between two commands, all it was sent before ran)
-    and does the whole copy, so neither actor waits for the other. Only when the other
-    command is not at its queue's head (its actor has work before it) does one side wait
-    for the other, without blocking its loop."""
+    """A command on each channel, sent at the same moment (when both actors are idle,
+    the usual case, :func:`to_client` runs :func:`_inline` through the source's
+    ``Channel.send`` instead: the copy is on the device before it returns); the first
+    to run takes the other one from the head of its queue (``Channel.claim``: that
+    actor is between two commands, all it was sent before ran) and does the whole copy,
+    so neither actor waits for the other. Only when the other command is not at its
+    queue's head (its actor has work before it) does one side wait for the other,
+    without blocking its loop."""
     sch, och = copy.src._channel, copy.other._channel
     if copy.enabled and sch.can_run_now() and och.can_run_now():
         sch.send(_whole, copy)
@@ -252,34 +262,43 @@ def _peer_enabled(copy: _Copy) -> bool:
 
 
 def _whole(copy: _Copy) -> None:
-    """The whole copy, each side's part with its device current (the source's is, as
-    for each of its commands): export on the source, import and copy on the destination,
-    finish on the source. Both actors are between two commands (or the destination's
-    awaits this copy), so both sides' order is kept; a failure is held as each part holds
-    it alone."""
-    peer = _peer_module()
-    src, other, stream = copy.src, copy.other, copy.stream
+    """:func:`_inline` for a copy sent as two commands (one of them runs it all)."""
     copy.phase = _DONE
+    _inline(copy.src, copy.binding, copy.other, copy.dst, copy.stream, copy.created)
+
+
+def _inline(
+    src: ClientParts,
+    binding: Binding,
+    other: ClientParts,
+    dst: Handle,
+    stream: StreamId,
+    created: bool,
+) -> None:
+    """The whole copy, each side's part with its device current (the source's is, as
+    for each of its commands; :mod:`.cuda.peer` switches to the destination's for the
+    import and back for the finish: two switches): export on the source, import and
+    copy on the destination, finish on the source. Both actors are between two commands
+    (or the destination's awaits this copy), so both sides' order is kept; a failure
+    is held as each part holds it alone."""
+    peer = _peer
     try:
-        source = peer.export(src.server, copy.binding, stream)
+        source = peer.export(src._server, binding, stream)
     except BaseException as exc:
         src._channel.hold(stream, exc)
         other._channel.activate()
-        _fail_copy(other, copy.dst, stream, _twin(exc))
+        _fail_copy(other, dst, stream, _twin(exc))
         other._channel.ran_inline()
         return
-    other._channel.activate()
     try:
-        copied = peer.import_copy(other.server, copy.dst, source, stream, copy.created)
+        copied = peer.import_copy(other._server, dst, source, stream, created)
     except BaseException as exc:
-        _fail_copy(other, copy.dst, stream, exc)
-        src._channel.activate()
-        peer.abandon(src.server, source)
+        _fail_copy(other, dst, stream, exc)
+        peer.abandon(src._server, source)
         return
     finally:
         other._channel.ran_inline()  # the destination's batch ends with the iteration
-    src._channel.activate()
-    peer.finish(src.server, other.server, source, copied, copy.binding)
+    peer.finish(src._server, other._server, source, copied, binding)
 
 
 def _source_part(copy: _Copy) -> Any:

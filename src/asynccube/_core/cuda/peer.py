@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..values.stream_id import StreamId
 from ..values.types import Binding, Handle
+from . import driver
 from .driver import check, cu, error_from, set_current
 from .native.hotpath import hot
 
@@ -28,9 +29,11 @@ __all__ = [
     "can_copy",
     "describe_links",
     "enable_peer_job",
+    "enter",
     "export",
     "finish",
     "import_copy",
+    "is_current",
     "peer_links",
 ]
 
@@ -143,53 +146,83 @@ def _grant(server: CudaServer, peer: int) -> None:
     check(d.cuMemPoolSetAccess(pool, [desc], 1), "cuMemPoolSetAccess")
 
 
+def is_current(server: CudaServer) -> bool:
+    """True if ``server``'s context is current on the calling thread, as
+    :func:`.driver.set_current` (or :func:`enter`) last made it (the one-call routes'
+    condition: ``FastLaunch.empty`` declines otherwise)."""
+    return getattr(driver._tls, "context", None) is server._ctx.context
+
+
+def enter(server: CudaServer) -> None:
+    """Make ``server``'s context current on the calling thread unless it is:
+    :func:`.driver.set_current`'s contract (its thread-local mark, which the one-call
+    routes check), through the hot path's ``cuCtxSetCurrent`` (no cuda.bindings wrapper:
+    a peer copy switches twice)."""
+    context = server._ctx.context
+    tls = driver._tls
+    if getattr(tls, "context", None) is not context:
+        err = hot.ctx_set(context)
+        if err:
+            raise error_from(err, "cuCtxSetCurrent")
+        tls.context = context
+
+
 def export(server: CudaServer, binding: Binding, stream: StreamId) -> Export:
     """The source side: the binding's address and an event after the work queued on
     ``stream`` that touches it (actor, source context current)."""
     ptr = server._ptr(binding)
-    resolved = server._streams.resolve(stream, [binding])
-    event = server._events.record(resolved.stream)
-    return ptr, server.context.context, event, resolved.stream
+    cu_stream = server._streams.resolve(stream, [binding]).stream
+    return ptr, server._ctx.context, server._events.record(cu_stream), cu_stream
 
 
 def import_copy(
     server: CudaServer, handle: Handle, source: Export, stream: StreamId, created: bool = False
 ) -> Any:
-    """The destination side: reserve ``handle`` (unless ``created``: the one-call
-    allocation took it), wait for the source's event, copy; return an event after the
-    copy (actor, destination context current)."""
+    """The destination side, its context made current (:func:`enter`): reserve
+    ``handle`` (unless ``created``: the one-call allocation took it), wait for the
+    source's event, copy; return an event after the copy."""
+    enter(server)
     ptr, ctx, event, _ = source
-    if not created:
-        server.create([handle], stream)
     binding = handle.binding()
-    resolved = server._streams.resolve(stream, [binding])
-    _wait_event(resolved.stream, event, "cuStreamWaitEvent(peer)")
-    dst, here, size = server._ptr(binding), server.context.context, binding.size
-    err = hot.memcpy_peer(dst, here, ptr, ctx, size, resolved.stream)
+    streams = server._streams
+    if created:
+        dst = server._ptr(binding)
+        cu_stream = streams.resolve(stream, [binding]).stream
+    else:
+        server.create([handle], stream)
+        dst = server._ptr_slow(binding)  # a new handle: its address is not cached yet
+        # created just now on ``stream``: what ``resolve`` does for it (no other stream
+        # to wait for), the cursor advanced and the copy stamped as its last use
+        cursor = streams.advance(stream)
+        streams.last_use[binding.memory.id] = (stream, cursor)
+        cu_stream = streams.streams.get(stream).stream
+    err = hot.stream_wait_event(cu_stream, event)
+    if err:
+        raise error_from(err, "cuStreamWaitEvent(peer)")
+    err = hot.memcpy_peer(dst, server._ctx.context, ptr, ctx, binding.size, cu_stream)
     if err is None:  # a driver without the entry point the hot path looks up
-        err = cu().cuMemcpyPeerAsync(dst, here, ptr, ctx, size, resolved.stream)[0]
+        err = cu().cuMemcpyPeerAsync(dst, server._ctx.context, ptr, ctx, binding.size, cu_stream)[0]
     if err:
         raise error_from(err, "cuMemcpyPeerAsync")
-    return server._events.record(resolved.stream)
+    return server._events.record(cu_stream)
 
 
 def abandon(src: CudaServer, source: Export) -> None:
-    """The source side when the destination failed before copying: the event goes back."""
+    """The source side when the destination failed before copying: its context current
+    again, the event goes back."""
+    enter(src)
     src._events.give(source[2])
 
 
 def finish(src: CudaServer, dst: CudaServer, source: Export, copied: Any, binding: Binding) -> None:
-    """The source side again: its stream waits for the copy; the binding is held until
-    the source stream passes that point; the events go back to their pools."""
+    """The source side again, its context current again: its stream waits for the copy;
+    the binding is held until the source stream passes that point; the events go back
+    to their pools."""
+    enter(src)
     _, _, event, stream = source
     src._events.give(event)
-    _wait_event(stream, copied, "cuStreamWaitEvent(peer done)")
+    err = hot.stream_wait_event(stream, copied)
+    if err:
+        raise error_from(err, "cuStreamWaitEvent(peer done)")
     dst._events.give(copied)
     src._retirer.hold(stream, binding)
-
-
-def _wait_event(stream: Any, event: Any, what: str) -> None:
-    """``stream`` waits for ``event`` (through the hot path: no cuda.bindings wrapper)."""
-    err = hot.stream_wait_event(stream, event)
-    if err:
-        raise error_from(err, what)

@@ -95,6 +95,7 @@ PyObject *event_record(PyObject *self, PyObject *const *a, Py_ssize_t n);    /* 
 PyObject *stream_wait_event(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *event_query(PyObject *self, PyObject *event);
 PyObject *stream_query(PyObject *self, PyObject *stream);
+PyObject *ctx_set(PyObject *self, PyObject *context);
 PyObject *memcpy_async(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *memcpy_peer(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *param_sizes(PyObject *self, PyObject *function);

@@ -38,6 +38,14 @@ PyObject *stream_query(PyObject *self, PyObject *stream) {
     return PyLong_FromLong(cu.stream_query((CUh)(uintptr_t)h));
 }
 
+/* ctx_set(context) -> CUresult: cuCtxSetCurrent (to_client's switches between two
+ * devices' contexts, without cuda.bindings' wrapper) */
+PyObject *ctx_set(PyObject *self, PyObject *context) {
+    unsigned long long h;
+    if (as_handle(context, "context", &h) < 0 || need_driver() < 0) return NULL;
+    return PyLong_FromLong(cu.ctx_set((CUh)(uintptr_t)h));
+}
+
 /* memcpy_async(to_device, device, host, nbytes, stream) -> CUresult */
 PyObject *memcpy_async(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     unsigned long long dev, host, stream;

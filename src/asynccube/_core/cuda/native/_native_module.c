@@ -59,6 +59,7 @@ static PyMethodDef methods[] = {
      "event_record(event, stream) -> CUresult"},
     {"event_query", event_query, METH_O, "event_query(event) -> CUresult"},
     {"stream_query", stream_query, METH_O, "stream_query(stream) -> CUresult"},
+    {"ctx_set", ctx_set, METH_O, "ctx_set(context) -> CUresult (cuCtxSetCurrent)"},
     {"stream_wait_event", (PyCFunction)(void (*)(void))stream_wait_event, METH_FASTCALL,
      "stream_wait_event(stream, event) -> CUresult"},
     {"memcpy_async", (PyCFunction)(void (*)(void))memcpy_async, METH_FASTCALL,

@@ -29,7 +29,8 @@ from ._twin_notify import (
 )
 
 __all__ = [
-    "FastLaunch", "PackState", "address", "bytes_at", "copy_into", "copy_stats", "driver_open",
+    "FastLaunch", "PackState", "address", "bytes_at", "copy_into", "copy_stats", "ctx_set",
+    "driver_open",
     "event_query", "event_record", "is_pinned", "launch", "memcpy_async", "memcpy_peer",
     "notify_close", "notify_drain", "notify_spin", "open_driver", "param_sizes",
     "stream_query", "stream_wait_event",
@@ -93,6 +94,15 @@ def stream_query(stream: Any) -> Any:
         return _d.cuStreamQuery(stream)[0]
     except Exception:
         _refuse([(stream, "stream", 0)])
+        raise
+
+
+def ctx_set(context: Any) -> Any:
+    """``cuCtxSetCurrent``."""
+    try:
+        return _d.cuCtxSetCurrent(context)[0]
+    except Exception:
+        _refuse([(context, "context", 0)])
         raise
 
 
