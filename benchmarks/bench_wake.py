@@ -21,24 +21,18 @@ from collections.abc import Awaitable, Callable
 
 import bench_overhead
 
+from asynccube._core.testing.ticks import loop_ticks
+
 
 async def _iterations(fn: Callable[[], Awaitable[None]], calls: int = 200) -> float:
     """Loop iterations per ``await fn()``."""
-    loop = asyncio.get_running_loop()
-    count, stop = [0], [False]
-
-    def tick() -> None:
-        count[0] += 1
-        if not stop[0]:
-            loop.call_soon(tick)
-
-    loop.call_soon(tick)
+    count, stop = loop_ticks()
     await asyncio.sleep(0)
     before = count[0]
     for _ in range(calls):
         await fn()
     per_call = (count[0] - before) / calls
-    stop[0] = True
+    stop()
     await asyncio.sleep(0)
     return per_call
 

@@ -27,6 +27,7 @@ from asynccube._core.client.client import ComputeClient  # noqa: E402
 from asynccube._core.cuda.native.hotpath import ACTIVE  # noqa: E402
 from asynccube._core.cuda.transfers import SMALL_WRITE  # noqa: E402
 from asynccube._core.profiling.records import KernelRecorder, ProfilingLevel  # noqa: E402
+from asynccube._core.testing.ticks import loop_ticks  # noqa: E402
 
 ADD = ac.Kernel("fl_add", cuda=ac.CudaSource(bench_overhead.ADD, "add", (256, 1, 1)))
 EMPTY = ac.Kernel("fl_empty", cuda=ac.CudaSource(bench_overhead.ADD, "empty_kernel", (1, 1, 1)))
@@ -335,21 +336,6 @@ async def read_error() -> None:
     await s.client.close()
 
 
-def _ticks() -> tuple[list[int], Callable[[], None]]:
-    """A count of loop iterations from now on (a callback that queues itself again each
-    iteration), and what stops it."""
-    loop = asyncio.get_running_loop()
-    count, stop = [0], [False]
-
-    def tick() -> None:
-        count[0] += 1
-        if not stop[0]:
-            loop.call_soon(tick)
-
-    loop.call_soon(tick)
-    return count, lambda: stop.__setitem__(0, True)
-
-
 async def sync_wakes_once() -> None:
     """Issue 38: awaiting a sync the device is done with suspends exactly once (the
     caller is woken in the next loop iteration, not the one after), behind a task
@@ -358,7 +344,7 @@ async def sync_wakes_once() -> None:
     s = await Setup().ready()
     fast = s.client._fast_sync
     hits = fast.hits
-    count, stop = _ticks()
+    count, stop = loop_ticks()
     for _ in range(20):
         blocked = asyncio.ensure_future(asyncio.sleep(3600))
         await asyncio.sleep(0)  # it waits in its sleep

@@ -21,27 +21,14 @@ from asynccube._core.channel.completion import (
     one_step_later,
     settle_soon,
 )
+from asynccube._core.testing.ticks import loop_ticks
 
 from .kernels import SCALE, blocks
 
 
-def _ticks() -> tuple[list[int], Callable[[], None]]:
-    """A count of loop iterations from now on, and what stops it."""
-    loop = asyncio.get_running_loop()
-    count, stop = [0], [False]
-
-    def tick() -> None:
-        count[0] += 1
-        if not stop[0]:
-            loop.call_soon(tick)
-
-    loop.call_soon(tick)
-    return count, lambda: stop.__setitem__(0, True)
-
-
 async def _iterations(make: Callable[[], asyncio.Future[Any]]) -> tuple[int, Any]:
     """Loop iterations an ``await make()`` took, and what it gave (or raised)."""
-    count, stop = _ticks()
+    count, stop = loop_ticks()
     before = count[0]
     try:
         value: Any = await make()
@@ -175,28 +162,20 @@ async def test_a_sync_the_gpu_is_done_with_wakes_in_the_next_loop_iteration() ->
 
 
 async def _sync_after_a_tiny_kernel(gpu: ac.ComputeClient) -> None:
-    loop = asyncio.get_running_loop()
-    count, stop = [0], [False]
-
-    def tick() -> None:
-        count[0] += 1
-        if not stop[0]:
-            loop.call_soon(tick)
-
     h = gpu.create(np.ones(256, np.float32))
     bindings = ac.Bindings().with_buffer(h.binding()).with_scalar(np.float32, [2.0])
     bindings = bindings.with_scalar(np.uint32, [256])
     gpu.execute(SCALE, blocks(256), bindings)
     await gpu.sync()
     hits = gpu._fast_sync.hits
-    loop.call_soon(tick)
+    count, stop = loop_ticks()
     woke = []
     for _ in range(20):
         gpu.execute(SCALE, blocks(256), bindings)
         before = count[0]
         await gpu.sync()
         woke.append(count[0] - before)
-    stop[0] = True
+    stop()
     await asyncio.sleep(0)
     taken = gpu._fast_sync.hits - hits
     assert taken >= 15 and woke.count(1) >= taken, (taken, woke)
