@@ -22,7 +22,6 @@ __all__ = [
     "ReduceOp",
     "apart",
     "check_count",
-    "check_dtype",
     "check_kind",
     "check_op",
     "entries",
@@ -140,14 +139,9 @@ def apart(name: str, i: int, source: Binding, dest: Binding) -> None:
 
 
 _KINDS: dict[object, tuple[np.dtype[Any], str]] = {}
-"""``check_dtype``'s answers by the dtype given (a name, a numpy type or dtype): asking
+"""``check_kind``'s answers by the dtype given (a name, a numpy type or dtype): asking
 numpy costs more than the rest of a small collective's checks."""
 _OPS: Final = {o.value: o.value for o in ReduceOp}
-
-
-def check_dtype(name: str, dtype: object) -> np.dtype[Any]:
-    """``dtype`` as a numpy dtype of :data:`DTYPES` (native byte order)."""
-    return check_kind(name, dtype)[0]
 
 
 def check_kind(name: str, dtype: object) -> tuple[np.dtype[Any], str]:

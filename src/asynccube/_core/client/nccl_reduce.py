@@ -182,13 +182,21 @@ def _ended(ranks: Sequence[Rank]) -> None:
 def _hold_all(
     ranks: Sequence[Rank], stream: StreamId, what: str, exc: BaseException, touched: bool
 ) -> None:
-    """Hold the collective's failure ``exc`` on every client (tainting what each one's
-    call writes where NCCL may have touched it), as :func:`_after` does."""
-    for client, _, written in ranks:
-        error = failed(exc, client, len(ranks), touched, what)
-        if touched and written:
-            client._channel.taint(stream, list(written), error)
-        client._channel.hold(stream, error)
+    """Hold the collective's failure ``exc`` on every client (see :func:`_hold`)."""
+    for rank in ranks:
+        _hold(rank, len(ranks), stream, what, exc, touched)
+
+
+def _hold(
+    rank: Rank, count: int, stream: StreamId, what: str, exc: BaseException, touched: bool
+) -> None:
+    """Hold the failure ``exc`` of a collective of ``count`` clients on ``rank``'s client
+    for ``stream``, tainting what its call writes where NCCL may have touched it."""
+    client, _, written = rank
+    error = failed(exc, client, count, touched, what)
+    if touched and written:
+        client._channel.taint(stream, list(written), error)
+    client._channel.hold(stream, error)
 
 
 def _hand_over(
@@ -315,7 +323,7 @@ async def _after_later(job: _Job, i: int) -> None:
 
 
 def _after(job: _Job, i: int) -> None:
-    client, bindings, written = job.ranks[i]
+    client, bindings, _ = job.ranks[i]
     issued = job.issued
     outcome = issued.exception() or issued.result()
     if isinstance(outcome, BaseException):  # the first client died before the issue
@@ -324,7 +332,4 @@ def _after(job: _Job, i: int) -> None:
     if exc is None:
         _cuda().finish(client.server, job.sides[i].result(), bindings)
         return
-    error = failed(exc, client, len(job.ranks), touched, job.what)
-    if touched and written:
-        client._channel.taint(job.stream, list(written), error)
-    client._channel.hold(job.stream, error)
+    _hold(job.ranks[i], len(job.ranks), job.stream, job.what, exc, touched)

@@ -71,8 +71,10 @@ def to_client(src: ClientParts, handle: Handle | Binding, other: ClientParts) ->
     sch, och = src._channel, other._channel
     if route is _READY and sch.can_run_now() and och.can_run_now():
         sch.send(_inline, src, binding, other, dst, stream, created)  # the usual case
-    else:
-        _peer_copy(_Copy(src, binding, other, dst, stream, route is _READY, created))
+    else:  # a command on each channel (see _source_part and _dest_part)
+        copy = _Copy(src, binding, other, dst, stream, route is _READY, created)
+        sch.send(_source_part, copy)
+        och.send(_dest_part, copy)
     return dst
 
 
@@ -235,23 +237,6 @@ def _peer_module() -> Any:
 
         _peer = peer
     return _peer
-
-
-def _peer_copy(copy: _Copy) -> None:
-    """A command on each channel, sent at the same moment (when both actors are idle,
-    the usual case, :func:`to_client` runs :func:`_inline` through the source's
-    ``Channel.send`` instead: the copy is on the device before it returns); the first
-    to run takes the other one from the head of its queue (``Channel.claim``: that
-    actor is between two commands, all it was sent before ran) and does the whole copy,
-    so neither actor waits for the other. Only when the other command is not at its
-    queue's head (its actor has work before it) does one side wait for the other,
-    without blocking its loop."""
-    sch, och = copy.src._channel, copy.other._channel
-    if copy.enabled and sch.can_run_now() and och.can_run_now():
-        sch.send(_whole, copy)
-        return
-    sch.send(_source_part, copy)
-    och.send(_dest_part, copy)
 
 
 def _peer_enabled(copy: _Copy) -> bool:
