@@ -349,6 +349,29 @@ async def test_large_request_bodies_are_staged_by_the_copy_helpers(
         assert hot.copy_stats()[0] >= pooled + 64 * 3, hot.copy_stats()
 
 
+async def test_concurrent_small_reads_suspend_and_see_their_bytes(gpu: ac.ComputeClient) -> None:
+    """Issue 38: the request as users write it with 1 KiB and 64 KiB bodies and a kernel
+    that keeps its stream busy for 50 µs, 64 tasks at once: a small read still busy after
+    its first spin, issued while other tasks are ready, defers (its task suspends, one
+    sweep settles the reads the device is done with), and every answer is right."""
+    fast = gpu._fast  # type: ignore[attr-defined]
+    deferred, _ = fast.defer_stats
+
+    async def requests(i: int, n: int) -> None:
+        for j in range(4):
+            a = np.arange(n, dtype=np.float32) + np.float32(i * 4 + j)
+            x, y = gpu.create(a.tobytes()), gpu.empty(a.nbytes)
+            gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(50e-6))
+            gpu.execute(ADD, blocks(n), add_bindings(x, x, y, n))
+            (out,) = await gpu.read([y])
+            assert np.array_equal(np.frombuffer(out, np.float32), 2 * a), (i, j, n)
+
+    for n in (256, 16384):
+        await requests(0, n)  # a spare pinned buffer of the size
+        await asyncio.gather(*(requests(i, n) for i in range(64)))
+    assert fast.defer_stats[0] >= deferred + 64, fast.defer_stats
+
+
 async def test_a_buffer_a_queued_command_writes_is_read_after_it(gpu: ac.ComputeClient) -> None:
     """Stream 1's slow kernel and its write to a shared buffer wait in the queue (the
     loop iteration's budget spent); stream 2's read of that buffer waits behind them

@@ -32,6 +32,12 @@ SCENARIOS = {
         "queued", "first_use", "write_one",
         "closed",
     ),
+    "fast_defer_scenario.py": (
+        "defer_concurrent", "defer_later_work", "defer_after_first_spin", "defer_shared_slot",
+        "defer_slow_device",
+        "defer_flushed",
+        "defer_cancelled", "defer_other_loop", "defer_checks",
+    ),
     "fast_dlpack_scenario.py": (
         "dlpack_import_waits_on_the_legacy_stream",
         "dlpack_import_keeps_the_producer_until_dropped", "dlpack_calls_per_exchange",

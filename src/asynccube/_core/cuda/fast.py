@@ -45,13 +45,29 @@ and without ending the server's batch (the actor does). ``queued_stats`` counts 
 ``fast.read(item)`` does the same for an awaited read of one Handle or Binding of at
 most ``SMALL_READ`` bytes (``client.read([h])``), on the same conditions plus: no error
 held for any stream (the route raises it) and a spare pinned buffer of that size (one
-is kept after the route's first read of the size). It queues the copy and polls the
-stream for up to 30 µs, as the completion watcher's first spin does: a short read's
-future is resolved before it is returned, so awaiting it does not suspend; a longer one
-is handed to the watcher (:func:`_read_later`). None: the route takes the read. Once a
-read is done (either way), the stream is marked done up to it, as a sync marks it (the
-copy was queued after all the stream's earlier work): what was last used there before
-it is free at once when dropped, so ``fast.empty`` can take it without a sync.
+is kept after the route's first read of the size). It queues the copy, then:
+
+* when other tasks are ready to run, it defers (issue 38: concurrency pays; after a
+  first spin of ``DEFER_AFTER_S``, none by default): the caller suspends, and ``fast.sweep``, one loop callback an iteration for every read
+  waiting so, settles each read the device is done with (a stream query: the copy is
+  the stream's last work while its cursor has not moved), so the loop runs the other
+  tasks' work while the device copies. "Ready" is asyncio's ready queue holding more
+  than the channel's end of batch; on another asyncio loop (uvloop, whose queue is not
+  visible) reads defer while others wait or after a sweep that settled several, and
+  one read in 32 defers to find other tasks; under trio they never defer;
+* else it polls the stream for up to 30 µs, as the completion watcher's first spin
+  does: a short read's future is resolved before it is returned, so awaiting it does
+  not suspend.
+
+A read not done within 30 µs of its issue (or whose stream got later work first) is
+handed to the watcher (:func:`_read_later`: an event recorded then, with the errors held
+at the read's issue). None: the route takes the read. Once a read is done (any way), the
+stream is marked done up to it, as a sync marks it (the copy was queued after all the
+stream's earlier work): what was last used there before it is free at once when
+dropped, so ``fast.empty`` can take it without a sync. A deferred read's future is among
+the channel's pending ones (an actor's death fails it), and the server's ``close()``
+first hands every deferred read to the watcher (``fast.flush_reads``), on the loop
+thread, before any stream it would query is destroyed.
 
 ``fast.write(item, data)`` (``_native_write.c``) takes the copy of ``client.create(data)``
 for ``bytes`` of exactly the length of one Handle or Binding and at most ``SMALL_WRITE``
@@ -87,6 +103,7 @@ slice the device may still use, or no slice that fits).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import inspect
 from typing import TYPE_CHECKING, Any
@@ -106,7 +123,14 @@ from .transfers import SMALL_READ, SMALL_WRITE, TransferOps
 if TYPE_CHECKING:
     from ..channel.channel import Channel
 
-__all__ = ["FastLaunch", "fast_launch"]
+__all__ = ["DEFER_AFTER_S", "FastLaunch", "fast_launch"]
+
+DEFER_AFTER_S = 0.0
+"""How long a small read polls its copy before it defers (other tasks ready). None: on
+an H200, 64 tasks of a request whose kernel keeps its stream 20 µs cost 38.4 µs each
+deferring at once, 62.8 after a first spin of 10 µs, 48.8 spinning (asyncio; uvloop 30.4,
+40.7, 46.3); with a trivial kernel the three are within the run's noise on asyncio
+(``benchmarks/profiles/requests/read-deferral-h200.md``)."""
 
 FastLaunch = Any
 """``hot.FastLaunch``: callable as ``fast(kernel, count, bindings, mode) -> bool``."""
@@ -139,6 +163,8 @@ def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
     later = functools.partial(_read_later, server, channel)
     fast.set_read(Handle, Binding, server._small_reads, SMALL_READ, later, channel._fail,
                   channel.future_factory())  # fmt: skip
+    fast.set_defer(_ready_signal(channel), channel._pending, server.read_spare, DEFER_AFTER_S)
+    server.before_close.append(fast.flush_reads)
     fast.set_write(server._small_writes, SMALL_WRITE, server.write_spare)
     table, memory = server._table, server._memory
     fast.set_alloc(
@@ -147,6 +173,17 @@ def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
         server.properties.max_allocation,
     )  # fmt: skip
     return fast
+
+
+def _ready_signal(channel: Channel) -> Any:
+    """How ``FastLaunch.read`` sees other tasks ready to run (see above): asyncio's
+    ready queue (a deque), True on another asyncio loop (uvloop's queue is not
+    visible: the read defers while reads wait, or after a sweep that settled several),
+    None under trio (never defers)."""
+    if channel.backend.name != "asyncio":
+        return None
+    ready = getattr(channel.loop, "_ready", None)
+    return ready if type(ready) is collections.deque else True
 
 
 def _current_task() -> Any:
@@ -177,11 +214,16 @@ def _read_later(
     buf: PinnedBuffer,
     nbytes: int,
     fut: asyncio.Future[Any],
+    mark: int | None = None,
 ) -> None:
-    """A small read ``FastLaunch.read`` queued that was not done within its spin: the
-    route's completion (an event after the copy, watched on the loop) settles ``fut``,
-    and marks the stream done up to the read, as the route's reads do."""
+    """A small read ``FastLaunch.read`` queued that was not done within its spin (or,
+    deferred, not within 30 µs of its issue, or its stream got later work first): the
+    route's completion (an event recorded now, watched on the loop) settles ``fut``,
+    with the errors held for ``sid`` up to ``mark`` (a deferred read's: those held at
+    its issue; else now), and marks the stream done up to the read, as the route's
+    reads do."""
     completion = server._complete_read(sid, cu_stream, lambda: server.finish_small(buf, nbytes))
     channel._pending.add(fut)
-    mark = channel._held.mark()
+    if mark is None:
+        mark = channel._held.mark()
     channel.watcher.watch(completion, lambda done: channel._resolve(fut, sid, mark, done))

@@ -35,6 +35,11 @@ class LifecycleOps(ServerCore):
         if self.closed:
             done.set_result(None)
             return done
+        for hook in self.before_close:
+            try:
+                hook()
+            except Exception as exc:  # the close goes on; the error is the server's
+                self._note_error(exc)
         self.closed = True
         events: list[Any] = []
         if self.sticky is None:

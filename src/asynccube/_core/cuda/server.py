@@ -161,10 +161,13 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps, ForeignOps):
         self.sticky: BaseException | None = None
         self.closed = False
         self.close_hooks: list[Callable[[], None]] = []
+        """Called first in the close thread (``all_reduce``'s NCCL communicators)."""
+        self.before_close: list[Callable[[], None]] = []
+        """Called first by ``close()``, on its caller's thread, the loop's (the one-call
+        read route's deferred reads go to the route's completion: :mod:`.fast`)."""
         self._exports = ExportLeases()
         self._gates = Gates()
         self._export_stream: Any = None
-        """Called first in the close thread (``all_reduce``'s NCCL communicators)."""
         self.recorder = recorder if recorder is not None else KernelRecorder()
         self._timed: deque[TimedOp] = deque()
         self._epoch_event, self._epoch_ns = self._epoch()

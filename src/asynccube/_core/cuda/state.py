@@ -102,6 +102,7 @@ class ServerCore(SliceServer[SliceHandle]):
     sticky: BaseException | None
     closed: bool
     close_hooks: list[Callable[[], None]]
+    before_close: list[Callable[[], None]]
     recorder: KernelRecorder
     _timed: deque[Any]
     _epoch_event: Any

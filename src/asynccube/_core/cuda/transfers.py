@@ -42,6 +42,10 @@ pinned memory when a free buffer of its size exists (:meth:`TransferOps.snapshot
 host copy where a copy to ``bytes`` and then into a pinned buffer would make two."""
 SMALL_READ: Final = 64 << 10
 """Reads up to this many bytes reuse pinned buffers the server keeps per size."""
+READ_SPARES: Final = 64
+"""Pinned buffers kept per small read size (one per read in flight: deferred reads of
+concurrent tasks wait at once), within ``READ_SPARE_BYTES`` a size beyond the first 4."""
+READ_SPARE_BYTES: Final = 4 << 20
 SMALL_WRITE: Final = 64 << 10
 """Writes of ``bytes`` up to this many bytes may go through ``FastLaunch.write``, which
 keeps page-locked staging buffers per size (:meth:`TransferOps.write_spare`)."""
@@ -49,6 +53,12 @@ WRITE_SPARES: Final = 64
 """Staging buffers ``FastLaunch.write`` keeps per size (one per write in flight)."""
 WRITE_SPARE_BYTES: Final = 16 << 20
 """Bytes of staging buffers ``FastLaunch.write`` keeps in all."""
+
+
+def keeps_read_spare(kept: int, nbytes: int) -> bool:
+    """Whether a small read's buffer is kept as a spare of its size beside ``kept``
+    others (``READ_SPARES``, ``READ_SPARE_BYTES``; as ``_native_read.c``'s)."""
+    return kept < 4 or (kept < READ_SPARES and (kept + 1) * nbytes <= READ_SPARE_BYTES)
 
 
 def _usable_cores() -> int:
@@ -159,6 +169,12 @@ class TransferOps(ProfileOps):
                     del spares[i]
                     return buf
         return self.write_spare(nbytes)
+
+    def read_spare(self, nbytes: int) -> PinnedBuffer | None:
+        """A pinned buffer for ``FastLaunch.read`` when every spare of its size is out
+        (reads in flight at once), taken as ``_read_small`` takes one; None once the
+        server is closing (the route reads)."""
+        return None if self.closed else self._pinned.take(nbytes)
 
     def write_spare(self, nbytes: int) -> PinnedBuffer | None:
         """A new staging buffer of ``nbytes`` for ``FastLaunch.write`` to keep in
@@ -317,7 +333,7 @@ class TransferOps(ProfileOps):
         kept = self._small_reads.get(nbytes)
         if kept is None and len(self._small_reads) < 32:
             kept = self._small_reads[nbytes] = []
-        if kept is not None and len(kept) < 4 and not self.closed:
+        if kept is not None and keeps_read_spare(len(kept), nbytes) and not self.closed:
             kept.append(buf)
         else:
             buf.release()

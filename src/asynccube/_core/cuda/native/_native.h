@@ -124,7 +124,8 @@ enum {
     N_RQUEUE, N_OSTART, N_OEND, N_BSIZE, N_STREAM, N_VALUE, N_FUNCTION, N_SHAPE, N_CHECKED,
     N_GRID_OK, N_CURSOR, N_ENABLED, N_TY, N_NUM, N_LENGTH, N_CONTEXT, N_HELD, N_PTR, N_USED,
     N_POOL, N_DONE, N_USE_PERSISTENT, N_ALLOC_CALLS, N_NEXT_CHECK, N_LIMITS, N_ROUTES,
-    N_POPLEFT, N_REMOVE, N_PERIODIC, N_TAINTED, N_BLOCKED, N_QUEUED, N_PAGE, N_OFFSET, N_COUNT
+    N_POPLEFT, N_REMOVE, N_PERIODIC, N_TAINTED, N_BLOCKED, N_QUEUED, N_PAGE, N_OFFSET, N_SEQ,
+    N_COUNT
 };
 extern PyObject *attr_names[N_COUNT]; /* interned attribute names, by N_* */
 
@@ -156,6 +157,18 @@ typedef struct {
     /* read(): set by set_read() (NULL until then) */
     PyObject *handle_t, *binding_t, *small_reads, *later, *fail, *create_future;
     long small_max;
+    /* read()'s deferral: set by set_defer() (mode 0 until then: every read spins). A read
+     * issued while other tasks are ready is not spun on: its entry waits in `deferred`
+     * (a list) for sweep(), one loop callback an iteration (`sweep_cb`, the bound method)
+     * while entries wait. mode 1: `ready` is asyncio's ready deque; mode 2 (another
+     * loop): defer while reads wait or the last sweep settled several (`crowd`), and
+     * one read in PROBE_EVERY anyway. `pending_set`: the channel's pending futures;
+     * `read_miss`: the server's read_spare, asked when every spare of a size is out. */
+    PyObject *deferred, *ready, *pending_set, *sweep_cb, *read_miss;
+    int defer_mode, sweep_scheduled;
+    long crowd, since_defer;
+    double spin_first; /* a read polls this long before it may defer */
+    unsigned long long d_hits, d_later;
     /* set_pointers(): the server's _ptr, asked for an address not cached yet (NULL until
      * then: such a buffer is left to the route) */
     PyObject *ptr_miss;
@@ -266,6 +279,10 @@ int cached_handle(PyObject **obj, unsigned long long *val, PyObject *o);
 /* _native_read.c */
 PyObject *fast_read(PyObject *self, PyObject *item);
 PyObject *fast_set_read(PyObject *self, PyObject *args);
+PyObject *fast_set_defer(PyObject *self, PyObject *args);
+PyObject *fast_sweep(PyObject *self, PyObject *unused);
+PyObject *fast_flush_reads(PyObject *self, PyObject *unused);
+PyObject *fast_defer_stats(PyObject *self, void *unused);
 
 /* _native_alloc.c */
 PyObject *fast_empty(PyObject *self, PyObject *size);

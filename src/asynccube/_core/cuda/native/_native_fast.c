@@ -39,6 +39,11 @@ static int fast_traverse(FastLaunch *f, visitproc visit, void *arg) {
     Py_VISIT(f->carried);
     Py_VISIT(f->small_writes);
     Py_VISIT(f->write_miss);
+    Py_VISIT(f->deferred);
+    Py_VISIT(f->ready);
+    Py_VISIT(f->pending_set);
+    Py_VISIT(f->sweep_cb);
+    Py_VISIT(f->read_miss);
     PyObject *const alloc[9] = {f->token_t, f->ids, f->slices, f->failed, f->released,
                                 f->created_at, f->manager, f->mslices, f->pending};
     for (int i = 0; i < 9; i++) Py_VISIT(alloc[i]);
@@ -68,6 +73,11 @@ static int fast_clear(FastLaunch *f) {
     Py_CLEAR(f->carried);
     Py_CLEAR(f->small_writes);
     Py_CLEAR(f->write_miss);
+    Py_CLEAR(f->deferred);
+    Py_CLEAR(f->ready);
+    Py_CLEAR(f->pending_set);
+    Py_CLEAR(f->sweep_cb);
+    Py_CLEAR(f->read_miss);
     PyObject **alloc[9] = {&f->token_t, &f->ids, &f->slices, &f->failed, &f->released,
                            &f->created_at, &f->manager, &f->mslices, &f->pending};
     for (int i = 0; i < 9; i++) Py_CLEAR(*alloc[i]);
@@ -316,6 +326,12 @@ static PyMethodDef fast_methods[] = {
      "set_write(small_writes, small_max, miss): what write() needs (fast.py)"},
     {"set_read", fast_set_read, METH_VARARGS,
      "set_read(handle_t, binding_t, small_reads, small_max, later, fail, create_future)"},
+    {"set_defer", fast_set_defer, METH_VARARGS,
+     "set_defer(ready, pending, miss, first): when read() defers to sweep() (fast.py)"},
+    {"sweep", fast_sweep, METH_NOARGS,
+     "sweep(): settle the deferred reads the device is done with (a loop callback)"},
+    {"flush_reads", fast_flush_reads, METH_NOARGS,
+     "flush_reads(): hand every deferred read to the route (the server's close)"},
     {"empty", fast_empty, METH_O,
      "empty(size) -> a new Handle over a dropped slice, or None: the route takes it"},
     {"set_footprint", fast_set_footprint, METH_O,
@@ -332,6 +348,8 @@ static PyGetSetDef fast_getset[] = {
     {"stats", fast_stats, NULL, "(launches taken, launches left to the Python route)", NULL},
     {"queued_stats", fast_queued_stats, NULL, "stats of queued(): (taken, left to the route)",
      NULL},
+    {"defer_stats", fast_defer_stats, NULL,
+     "(reads deferred, of them handed to the route's completion)", NULL},
     {"write_stats", fast_write_stats, NULL, "stats of write(): (taken, left to the route)",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},

@@ -22,6 +22,9 @@ __all__ = ["FastLaunch"]
 _MAX_BUFFERS = 32
 _SPIN_S = 30e-6  # as CompletionWatcher's sync_spin_seconds
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY
+_PROBE_EVERY = 32  # mode 2: a read in this many defers, to find other tasks
+_SWEEP_WAITING = 2  # a sweep stops querying after this many not done
+_READ_SPARES, _READ_SPARE_BYTES = 64, 4 << 20  # as transfers.READ_SPARES, READ_SPARE_BYTES
 
 
 class _Plan:
@@ -50,7 +53,9 @@ class FastLaunch:
     """``FastLaunch(...)(kernel, count, bindings, mode) -> bool`` (see :mod:`.fast`)."""
 
     __slots__ = (
-        "_allocator", "_declined", "_footprint", "_hits", "_q_declined", "_q_hits", "addresses",
+        "_allocator", "_crowd", "_d_hits", "_d_later", "_declined", "_defer_mode", "_deferred",
+        "_footprint", "_hits", "_pending_set", "_q_declined", "_q_hits", "_read_miss",
+        "_ready", "_since_defer", "_spin_first", "_sweep_scheduled", "addresses",
         "binding_t", "bindings_t", "call_soon", "channel", "checked", "context", "count_t",
         "create_future", "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
         "handle_t", "hold", "kernel_t", "kernels", "last_use", "later", "loop",
@@ -82,6 +87,14 @@ class FastLaunch:
         self.ptr_miss: Any = None
         self._allocator: Allocator | None = None
         self._footprint: Any = None
+        self._deferred: list[tuple[Any, ...]] = []
+        self._ready: Any = None
+        self._pending_set: Any = None
+        self._read_miss: Any = None
+        self._spin_first = 0.0
+        self._defer_mode = self._crowd = self._since_defer = 0
+        self._sweep_scheduled = False
+        self._d_hits = self._d_later = 0
 
     def set_footprint(self, footprint: Any) -> None:
         """The channel's ``Footprint`` (``channel/footprint.py``): with it, a route is
@@ -119,6 +132,155 @@ class FastLaunch:
         self.handle_t, self.binding_t, self.small_reads = handle_t, binding_t, small_reads
         self.small_max, self.later, self.fail = small_max, later, fail
         self.create_future = create_future
+
+    def set_defer(self, ready: Any, pending: Any, miss: Any, first: float) -> None:
+        """When :meth:`read` defers its completion to :meth:`sweep` (see
+        ``_native_read.c``): ``ready`` is asyncio's ready deque, True (another asyncio
+        loop) or None (never); ``pending`` the channel's set of futures; ``miss(n)`` a
+        new pinned buffer when every spare of size ``n`` is out (None: the route);
+        ``first`` the seconds a read polls before it may defer."""
+        from ...errors import InvalidArgument
+
+        if not isinstance(pending, set) or not callable(miss):
+            raise InvalidArgument("set_defer needs the channel's set of futures and a callable")
+        if not 0 <= first <= _SPIN_S:
+            raise InvalidArgument(
+                f"set_defer's first spin must be in [0, {_SPIN_S:g}] seconds, got {first:g}"
+            )
+        self._spin_first = first
+        mode = 0 if ready is None else 2 if ready is True else 1
+        if mode == 1 and not hasattr(ready, "__len__"):
+            raise InvalidArgument(f"set_defer's ready must be a deque, True or None, got {ready!r}")
+        self._ready = ready if mode == 1 else None
+        self._pending_set, self._defer_mode, self._read_miss = pending, mode, miss
+
+    @property
+    def defer_stats(self) -> tuple[int, int]:
+        """(reads deferred, of them handed to the route's completion)."""
+        return self._d_hits, self._d_later
+
+    def _first(self) -> float:
+        """How long a read polls before it may defer (all of the spin when it never does)."""
+        return self._spin_first if self._defer_mode else _SPIN_S
+
+    def _should_defer(self, p: _Plan) -> bool:
+        mode = self._defer_mode
+        if mode == 0:
+            return False
+        if self._deferred:
+            return True
+        if mode == 1:
+            own = int(self.channel._batch_end_scheduled is True) + int(self._sweep_scheduled)
+            return len(self._ready) > own
+        if self._crowd >= 2:
+            return True
+        self._since_defer += 1
+        return self._since_defer >= _PROBE_EVERY
+
+    def _defer(self, p: _Plan, spare: list[Any], buf: Any, cursor: int, fut: Any) -> None:
+        deadline = time.perf_counter() + _SPIN_S - self._spin_first
+        entry = (fut, buf, buf.ptr, p.nbytes, p.wrapper, cursor, p.stream, p.sid, spare,
+                 deadline, self.channel._held._seq)  # fmt: skip
+        self._pending_set.add(fut)
+        self._deferred.append(entry)
+        self._d_hits += 1
+        self._since_defer = 0
+        if not self._sweep_scheduled:
+            self.call_soon(self.sweep)
+            self._sweep_scheduled = True
+
+    def _hand_over(self, e: tuple[Any, ...]) -> None:
+        fut, buf, _, nbytes, _, _, stream, sid, _, _, mark = e
+        self.later(sid, stream, buf, nbytes, fut, mark)
+        self._d_later += 1
+
+    def _settle(self, e: tuple[Any, ...], now: float) -> bool | None:
+        """Settle ``e`` if its read is done, or hand it to the route (True: the device
+        failed, or it is not done 30 µs after its issue); False: it waits; None: its
+        stream got later work (the cursor moved) and is not marked done up to it (the
+        second pass decides: :meth:`_settle_moved`)."""
+        _, _, _, _, wrapper, cursor, stream, _, _, deadline, _ = e
+        if wrapper.done >= cursor:  # a later read or sync there completed
+            return self._finish(e)
+        if wrapper.cursor != cursor:
+            return None
+        q = int(_driver["d"].cuStreamQuery(stream)[0])
+        if q == _NOT_READY and now < deadline:
+            return False
+        if q != 0:  # the route waits longer, or raises the error
+            self._hand_over(e)
+            return True
+        return self._finish(e)
+
+    def _settle_moved(self, e: tuple[Any, ...], now: float) -> bool:
+        """An entry whose stream got later work: done if the first pass marked it so,
+        else waiting until 30 µs after its issue, then the route's (an event after it)."""
+        if e[4].done >= e[5]:
+            return self._finish(e)
+        if now < e[9]:
+            return False
+        self._hand_over(e)
+        return True
+
+    def _finish(self, e: tuple[Any, ...]) -> bool:
+        """The read of ``e`` is done: its bytes, its buffer back, its future settled."""
+        fut, buf, host, nbytes, wrapper, cursor, _, _, spare, _, _ = e
+        if wrapper.done < cursor:
+            wrapper.done = cursor
+        self._pending_set.discard(fut)
+        data = [ctypes.string_at(host, nbytes)]
+        _keep_spare(spare, buf)
+        if not fut.done():  # (its task was cancelled)
+            fut.set_result(data)
+        return True
+
+    def sweep(self) -> None:
+        """Settle the deferred reads the device is done with, oldest first (a loop
+        callback, once an iteration while reads wait; see ``_native_read.c``)."""
+        self._sweep_scheduled = False
+        if not self._deferred:
+            return
+        old, self._deferred = self._deferred, []
+        rest: list[tuple[Any, ...]] = []
+        moved: list[tuple[Any, ...]] = []
+        now, settled = time.perf_counter(), 0
+        for second, entries in ((False, old), (True, moved)):
+            for e in entries:
+                if not second and len(rest) >= _SWEEP_WAITING:
+                    rest.append(e)
+                    continue
+                try:
+                    done = self._settle_moved(e, now) if second else self._settle(e, now)
+                except Exception as exc:  # its future fails with it
+                    self.fail(e[0], exc, e[7])
+                    continue
+                if done is None:
+                    moved.append(e)
+                elif done:
+                    settled += 1
+                else:
+                    rest.append(e)
+        if settled:
+            self._crowd = settled
+        self._deferred[:0] = rest
+        if self._deferred and not self._sweep_scheduled:
+            self.call_soon(self.sweep)
+            self._sweep_scheduled = True
+
+    def flush_reads(self) -> None:
+        """Every deferred read to the route (the server's close), or its buffer back on
+        the spares when its future is done already (see ``_native_read.c``)."""
+        old, self._deferred = self._deferred, []
+        for e in old:
+            fut = e[0]
+            try:
+                if fut.done():
+                    self._pending_set.discard(fut)
+                    e[8].append(e[1])
+                else:
+                    self._hand_over(e)
+            except Exception as exc:
+                self.fail(fut, exc, e[7])
 
     def set_write(self, small_writes: Any, small_max: Any, miss: Any) -> None:
         """What :meth:`write` needs (see ``_native_write.c``)."""
@@ -215,6 +377,10 @@ class FastLaunch:
         try:
             p = self._plan_read(item)
             spare = None if p is None else self.small_reads.get(p.nbytes)
+            if p is not None and type(spare) is list and not spare and self._read_miss:
+                buf = self._read_miss(p.nbytes)  # every spare is out: a new one, or None
+                if buf is not None:
+                    spare.append(buf)
         except Exception:  # the Python route meets (and raises) whatever stopped this one
             p = spare = None
         if p is None or type(spare) is not list or not spare:
@@ -247,15 +413,14 @@ class FastLaunch:
         if err:
             spare.append(buf)
             self.fail(fut, self.error_from(err, "cuMemcpyDtoHAsync"))
-        elif _spin(p.stream) == 1:
+        elif (done := _spin(p.stream, first := self._first())) == 0 and self._should_defer(p):
+            self._defer(p, spare, buf, cursor, fut)  # after a first spin: see _native_read.c
+        elif done == 1 or (done == 0 and _spin(p.stream, _SPIN_S - first) == 1):
             # the copy was the stream's last work: marked done up to it, as a sync marks it
             if p.wrapper.done < cursor:
                 p.wrapper.done = cursor
             data = [ctypes.string_at(host, p.nbytes)]
-            if len(spare) < 4:
-                spare.append(buf)
-            else:
-                buf.release()
+            _keep_spare(spare, buf)
             fut.set_result(data)
         else:
             self.later(p.sid, p.stream, buf, p.nbytes, fut)
@@ -497,9 +662,22 @@ class FastLaunch:
             self.hold(p.sid, exc, tuple(p.mids))
 
 
-def _spin(stream: Any) -> int:
-    """Poll ``stream`` until its work is done (1), 30 µs passed (0) or it failed (-1)."""
-    end = time.perf_counter() + _SPIN_S
+def _keep_spare(spare: list[Any], buf: Any) -> None:
+    """A read's buffer back on its size's spares (as transfers.keeps_read_spare), else
+    released."""
+    kept, nbytes = len(spare), buf.size
+    if kept < 4 or (kept < _READ_SPARES and (kept + 1) * nbytes <= _READ_SPARE_BYTES):
+        spare.append(buf)
+    else:
+        buf.release()
+
+
+def _spin(stream: Any, seconds: float) -> int:
+    """Poll ``stream`` until its work is done (1), ``seconds`` passed (0) or it failed
+    (-1); not at all for 0 seconds (0)."""
+    if seconds <= 0:
+        return 0
+    end = time.perf_counter() + seconds
     query = _driver["d"].cuStreamQuery
     while True:
         q = int(query(stream)[0])
