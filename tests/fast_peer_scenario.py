@@ -18,8 +18,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
+
 from fast_launch_scenario import (
     ACTIVE,
+    ADD,
     EMPTY,
     ComputeClient,
     ac,
@@ -29,7 +32,7 @@ from fast_launch_scenario import (
 )
 
 SIZE = 4096
-TRACED = ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel")
+TRACED = ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel", "cuStreamQuery")
 ONE, NOTHING = ac.CubeCount(1), ac.Bindings()
 
 
@@ -151,9 +154,11 @@ def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 async def peer_inline() -> None:
     """Both actors idle: one ``to_client`` issues the whole copy before it returns, with
-    the driver calls of the copy alone (an event after the source's work, the
-    destination's stream waits for it, the copy, an event after it, the source's stream
-    waits for that), makes no future, queues nothing, creates no event once warm."""
+    the driver calls of the copy alone (the copy, an event after it, the source's stream
+    waits for that; the source's stream has nothing left to run here, so no event of
+    its work and no wait for it on the destination: once ``cuStreamQuery`` after a
+    launch on the source, not at all when nothing ran there since the last copy), makes
+    no future, queues nothing, creates no event once warm."""
     p = await Pair().ready()
     p.src.to_client(p.h, p.dst)  # warm: the events pooled
     await p.dst.sync()
@@ -162,7 +167,13 @@ async def peer_inline() -> None:
     pending = [len(c._channel._pending) for c in (p.src, p.dst)]
     copy = p.src.to_client(p.h, p.dst)
     got = diff(p.calls(), before)
-    want = {"cuEventRecord": 2, "cuStreamWaitEvent": 2, "cuMemcpyPeerAsync": 1}
+    want = {"cuEventRecord": 1, "cuStreamWaitEvent": 1, "cuMemcpyPeerAsync": 1}
+    assert got == want, got
+    p.src.execute(EMPTY, ONE, NOTHING)  # the source's stream moved on: asked again
+    before = p.calls()
+    p.src.to_client(p.h, p.dst)
+    got = diff(p.calls(), before)
+    want = {"cuStreamQuery": 1, "cuEventRecord": 1, "cuStreamWaitEvent": 1, "cuMemcpyPeerAsync": 1}
     assert got == want, got
     assert [len(c._channel._pending) for c in (p.src, p.dst)] == pending, "futures made"
     assert not p.src._channel._queue and not p.dst._channel._queue, "commands queued"
@@ -198,7 +209,7 @@ async def peer_queued() -> None:
     done = True
     got = diff(p.calls(), before)
     assert got.get("cuMemcpyPeerAsync") == n, got
-    assert got.get("cuStreamWaitEvent", 0) == 2 * n, got
+    assert got.get("cuStreamWaitEvent", 0) == n, got  # the source's, for each copy
     assert iterations < n // 10, f"{iterations} loop iterations for {n} queued copies"
     for h in copies[:: n // 4]:
         assert len((await p.dst.read([h]))[0]) == SIZE
@@ -400,7 +411,7 @@ async def peer_two_devices() -> None:
     assert switches == [dst_ctx, src_ctx], switches
     assert driver._tls.context is src_ctx
     assert asked[0] == 0, "the destination's one-call allocation asked with another context"
-    assert got.get("cuMemcpyPeerAsync") == 1 and got.get("cuStreamWaitEvent") == 2, got
+    assert got.get("cuMemcpyPeerAsync") == 1 and got.get("cuStreamWaitEvent") == 1, got
     assert len((await p.dst.read([copy]))[0]) == SIZE
     p.dst.execute(fresh(), ONE, NOTHING)  # the destination busy: the copies are queued
     copies = [p.src.to_client(p.h, p.dst) for _ in range(20)]
@@ -411,10 +422,140 @@ async def peer_two_devices() -> None:
     await p.close()
 
 
+class Order:
+    """The order the streams of both clients see, from the hot path's calls: a clock
+    per stream (for each stream or copy counter, the latest launch or copy ordered
+    before its tail), moved by each event record and stream wait as the device would
+    (a wait takes what the event's latest record saw). Launches are issued by the
+    compiled module's own C code: the scenario notes each one (:meth:`launch`)."""
+
+    def __init__(self) -> None:
+        from asynccube._core.cuda import peer
+
+        self.hot = peer.hot
+        self.clock: dict[int, dict[object, int]] = {}
+        self.recorded: dict[int, dict[object, int]] = {}
+        self.copies = 0
+        self.needs: list[tuple[int, int]] = []
+        """The launches (stream, number) each later copy must come after."""
+        self.errors: list[str] = []
+        """What came out of order."""
+        self._saved = {
+            n: getattr(self.hot, n) for n in ("event_record", "stream_wait_event", "memcpy_peer")
+        }
+        self.hot.event_record = self._record
+        self.hot.stream_wait_event = self._wait
+        self.hot.memcpy_peer = self._copy
+
+    def _of(self, stream: Any) -> dict[object, int]:
+        return self.clock.setdefault(int(stream), {})
+
+    def _record(self, event: Any, stream: Any) -> Any:
+        self.recorded[int(event)] = dict(self._of(stream))
+        return self._saved["event_record"](event, stream)
+
+    def _wait(self, stream: Any, event: Any) -> Any:
+        seen = self.recorded.get(int(event))
+        if seen is None:
+            self.errors.append("a stream waits on an event never recorded")
+            seen = {}
+        clock = self._of(stream)
+        for key, n in seen.items():
+            clock[key] = max(clock.get(key, 0), n)
+        return self._saved["stream_wait_event"](stream, event)
+
+    def _copy(self, *args: Any) -> Any:
+        clock = self._of(args[5])
+        for stream, n in self.needs:  # (raised here, it would fail the copy: noted)
+            if clock.get(stream, 0) < n:
+                self.errors.append(f"copy {self.copies + 1} not after launch {n} of {stream:#x}")
+        self.copies += 1
+        clock["copies"] = self.copies
+        return self._saved["memcpy_peer"](*args)
+
+    def launch(self, client: Any, number: int) -> None:
+        """``client`` issued launch ``number`` (its calling task's stream): later copies
+        must come after it, and it must come after every copy made so far."""
+        from asynccube._core.values.stream_id import StreamId
+
+        stream = int(client.server._streams.streams.get(StreamId.current()).stream)
+        clock = self._of(stream)
+        if clock.get("copies", 0) != self.copies:
+            self.errors.append(f"launch {number} not after the {self.copies} copies before it")
+        clock[stream] = number
+        self.needs.append((stream, number))
+
+    def close(self) -> None:
+        for name, call in self._saved.items():
+            setattr(self.hot, name, call)
+
+
+def writes(p: Pair, h: ac.Handle) -> ac.Bindings:
+    """The add kernel over ``h`` (it reads and writes it)."""
+    return ac.Bindings().with_buffers([h.binding()] * 3).with_scalar(np.uint32, [SIZE // 4])
+
+
+async def peer_back_to_back() -> None:
+    """Issue 38: copies sent back to back from one stream while the source's device is
+    busy record the source's event once and the destination's stream waits on it once
+    (it was an event and two cross-device waits per copy, which made each copy wait for
+    the one before across the two devices): n copies cost n + 1 waits, not 2n. The order
+    holds: each copy comes after the source's earlier launches on its buffer (this
+    stream's, another task's stream's), on this destination and on a second one, and the
+    source's later launch after every copy (its stream waits for each)."""
+    p = await Pair().ready()
+    third = ComputeClient(_server(0), asyncio.get_running_loop(), batch_seconds=1e-3)
+    add = writes(p, p.h)
+    p.src.execute(ADD, ONE, add)  # loaded, checked
+    await p.src.sync()
+    p.src.to_client(p.h, p.dst)  # warm: the events pooled
+    p.src.to_client(p.h, third)
+    await p.dst.sync()
+    await third.sync()
+    await p.src.sync()
+    flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_pending")
+    flag.value = 1  # the device is slower than the host: the source's stream is busy
+    order = Order()
+    try:
+        before = p.calls()
+        p.src.execute(ADD, ONE, add)
+        order.launch(p.src, p.launches())
+        n = 8
+        copies = [p.src.to_client(p.h, p.dst) for _ in range(n)]
+        got = diff(p.calls(), before)
+        assert got.get("cuMemcpyPeerAsync") == n and got.get("cuStreamQuery") == 1, got
+        assert got.get("cuStreamWaitEvent") == n + 1, got  # 2n before
+        assert got.get("cuEventRecord") == n + 1, got  # 2n before
+        before = p.calls()
+        copies.append(p.src.to_client(p.h, third))  # a stream that never waited on it
+        got = diff(p.calls(), before)
+        assert got.get("cuStreamWaitEvent") == 2 and got.get("cuEventRecord") == 1, got
+
+        async def other() -> None:  # another task's stream writes the buffer
+            p.src.execute(ADD, ONE, add)
+            order.launch(p.src, p.launches())
+
+        await asyncio.create_task(other())
+        flag.value = 1
+        copies += [p.src.to_client(p.h, p.dst) for _ in range(2)]
+        p.src.execute(ADD, ONE, add)  # the source's later writer: after every copy
+        order.launch(p.src, p.launches())
+        assert order.copies == n + 3 and not order.errors, (order.copies, order.errors)
+    finally:
+        order.close()
+        flag.value = 0
+    for h in (copies[0], copies[-1]):
+        assert len((await p.dst.read([h]))[0]) == SIZE
+    assert len((await third.read([copies[n]]))[0]) == SIZE
+    await third.close()
+    await p.close()
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
     for f in (peer_inline, peer_queued, peer_busy_source, peer_busy_dest, peer_errors,
-              peer_dead_dest, peer_cancelled_dest, peer_cancelled_source, peer_two_devices)
+              peer_dead_dest, peer_cancelled_dest, peer_cancelled_source, peer_two_devices,
+              peer_back_to_back)
 }  # fmt: skip
 
 
