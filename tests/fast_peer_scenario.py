@@ -548,7 +548,22 @@ async def peer_back_to_back() -> None:
         assert len((await p.dst.read([h]))[0]) == SIZE
     assert len((await third.read([copies[n]]))[0]) == SIZE
     await third.close()
-    await p.close()
+    from asynccube._core.cuda import peer
+
+    held = [m.event for m in peer._marks[p.src.server].values() if m.event is not None]
+    assert held, "the source's stream keeps its mark's event"
+    destroyed: list[Any] = []
+
+    def destroy(event: Any) -> tuple[int]:
+        destroyed.append(event)
+        return (0,)
+
+    p._fake.cuEventDestroy = destroy
+    try:
+        await p.close()
+    finally:
+        del p._fake.cuEventDestroy
+    assert all(e in destroyed for e in held), "a mark's event was not destroyed at close"
 
 
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {

@@ -212,6 +212,8 @@ def export(server: CudaServer, binding: Binding, stream: StreamId) -> Export:
     marks = _marks.get(server)
     if marks is None:
         marks = _marks[server] = {}
+        events = server._events  # (not the server: no cycle through its hooks)
+        server.close_hooks.append(lambda: _retire_all(marks, events))
     mark = marks.get(wrapper)
     if mark is None or not local or mark.cursor != resolved.cursor - 1:
         mark = _new_mark(server, cu_stream, marks, wrapper, mark)
@@ -233,6 +235,18 @@ def _new_mark(
         old.retired = True
         _release(server, old, 0)
     return mark
+
+
+def _retire_all(marks: dict[object, _Mark], events: Any) -> None:
+    """The source server closes (its close thread, before its events are destroyed):
+    the events of its marks go back to the pool (a copy still holding one gives it back
+    when it lets go)."""
+    for mark in marks.values():
+        mark.retired = True
+        if not mark.users and mark.event is not None:
+            events.give(mark.event)
+            mark.event = None
+    marks.clear()
 
 
 def _release(server: CudaServer, mark: _Mark, users: int = 1) -> None:
