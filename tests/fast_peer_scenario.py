@@ -423,71 +423,109 @@ async def peer_two_devices() -> None:
 
 
 class Order:
-    """The order the streams of both clients see, from the hot path's calls: a clock
-    per stream (for each stream or copy counter, the latest launch or copy ordered
-    before its tail), moved by each event record and stream wait as the device would
-    (a wait takes what the event's latest record saw). Launches are issued by the
-    compiled module's own C code: the scenario notes each one (:meth:`launch`)."""
+    """The order the streams of both clients see, from the driver's calls: a clock per
+    stream (for each stream, the latest launch ordered before its tail; and the copies),
+    moved by each event record and stream wait as the device would (a wait takes what
+    the event's latest record saw) and by each launch (the fake's trace of their
+    streams). A stream ``cuStreamQuery`` found idle has all of its clock done. Every
+    launch on one of the source's streams stands for a write of the copied buffer: each
+    copy must come after those before it, and each of them after the copies before it
+    (the source's later writers wait for the copies' reads). What breaks that is noted
+    in ``errors`` (raised inside a copy, it would only fail that copy)."""
 
-    def __init__(self) -> None:
+    _HOT = ("event_record", "stream_wait_event", "memcpy_peer", "stream_query")
+
+    def __init__(self, p: Pair) -> None:
         from asynccube._core.cuda import peer
 
-        self.hot = peer.hot
+        self.p, self.hot = p, peer.hot
         self.clock: dict[int, dict[object, int]] = {}
         self.recorded: dict[int, dict[object, int]] = {}
-        self.copies = 0
+        self.done: dict[object, int] = {}
+        """What idle streams had seen: done everywhere."""
+        self.copies = self.launches = 0
         self.needs: list[tuple[int, int]] = []
-        """The launches (stream, number) each later copy must come after."""
+        """The writes (stream, launch) each later copy must come after."""
         self.errors: list[str] = []
-        """What came out of order."""
-        self._saved = {
-            n: getattr(self.hot, n) for n in ("event_record", "stream_wait_event", "memcpy_peer")
-        }
-        self.hot.event_record = self._record
-        self.hot.stream_wait_event = self._wait
-        self.hot.memcpy_peer = self._copy
+        lib = bench_overhead_lib()
+        self._c_streams = (ctypes.c_void_p * 4096).in_dll(lib, "fake_launch_on")
+        self._c_seen = self._c_count()
+        self._py_streams: list[int] = []
+        self._py_seen = 0
+        self._py_launch = p._fake.cuLaunchKernel
+
+        def py_launch(*args: Any) -> Any:
+            self._py_streams.append(int(args[8]))
+            return self._py_launch(*args)
+
+        p._fake.cuLaunchKernel = py_launch
+        self._saved = {name: getattr(self.hot, name) for name in self._HOT}
+        for name in self._HOT:
+            setattr(self.hot, name, getattr(self, "_" + name))
+
+    def _c_count(self) -> int:
+        return bench_overhead.c_calls(bench_overhead_lib()).get("cuLaunchKernel", 0)
+
+    def catch_up(self) -> None:
+        """Take in the launches issued since the last driver call seen."""
+        count = self._c_count()
+        streams = [self._c_streams[i % 4096] or 0 for i in range(self._c_seen, count)]
+        self._c_seen = count
+        streams += self._py_streams[self._py_seen :]
+        self._py_seen = len(self._py_streams)
+        source = {int(w.stream) for _, w in self.p.src.server._streams.streams.existing()}  # type: ignore[attr-defined]
+        for stream in streams:
+            self.launches += 1
+            clock = self._of(stream)
+            if stream in source:  # a write of the buffer
+                if max(clock.get("copies", 0), self.done.get("copies", 0)) < self.copies:
+                    self.errors.append(f"write {self.launches} not after the copies before it")
+                self.needs.append((stream, self.launches))
+            clock[stream] = self.launches
 
     def _of(self, stream: Any) -> dict[object, int]:
         return self.clock.setdefault(int(stream), {})
 
-    def _record(self, event: Any, stream: Any) -> Any:
+    def _event_record(self, event: Any, stream: Any) -> Any:
+        self.catch_up()
         self.recorded[int(event)] = dict(self._of(stream))
         return self._saved["event_record"](event, stream)
 
-    def _wait(self, stream: Any, event: Any) -> Any:
+    def _stream_wait_event(self, stream: Any, event: Any) -> Any:
+        self.catch_up()
         seen = self.recorded.get(int(event))
         if seen is None:
             self.errors.append("a stream waits on an event never recorded")
-            seen = {}
-        clock = self._of(stream)
-        for key, n in seen.items():
-            clock[key] = max(clock.get(key, 0), n)
+        _merge(self._of(stream), seen or {})
         return self._saved["stream_wait_event"](stream, event)
 
-    def _copy(self, *args: Any) -> Any:
+    def _stream_query(self, stream: Any) -> Any:
+        self.catch_up()
+        err = self._saved["stream_query"](stream)
+        if not err:
+            _merge(self.done, self._of(stream))
+        return err
+
+    def _memcpy_peer(self, *args: Any) -> Any:
+        self.catch_up()
         clock = self._of(args[5])
-        for stream, n in self.needs:  # (raised here, it would fail the copy: noted)
-            if clock.get(stream, 0) < n:
-                self.errors.append(f"copy {self.copies + 1} not after launch {n} of {stream:#x}")
+        for stream, n in self.needs:
+            if max(clock.get(stream, 0), self.done.get(stream, 0)) < n:
+                self.errors.append(f"copy {self.copies + 1} not after write {n} on {stream:#x}")
         self.copies += 1
         clock["copies"] = self.copies
         return self._saved["memcpy_peer"](*args)
 
-    def launch(self, client: Any, number: int) -> None:
-        """``client`` issued launch ``number`` (its calling task's stream): later copies
-        must come after it, and it must come after every copy made so far."""
-        from asynccube._core.values.stream_id import StreamId
-
-        stream = int(client.server._streams.streams.get(StreamId.current()).stream)
-        clock = self._of(stream)
-        if clock.get("copies", 0) != self.copies:
-            self.errors.append(f"launch {number} not after the {self.copies} copies before it")
-        clock[stream] = number
-        self.needs.append((stream, number))
-
     def close(self) -> None:
+        self.catch_up()
         for name, call in self._saved.items():
             setattr(self.hot, name, call)
+        self.p._fake.cuLaunchKernel = self._py_launch
+
+
+def _merge(into: dict[object, int], seen: dict[object, int]) -> None:
+    for key, n in seen.items():
+        into[key] = max(into.get(key, 0), n)
 
 
 def writes(p: Pair, h: ac.Handle) -> ac.Bindings:
@@ -500,9 +538,10 @@ async def peer_back_to_back() -> None:
     busy record the source's event once and the destination's stream waits on it once
     (it was an event and two cross-device waits per copy, which made each copy wait for
     the one before across the two devices): n copies cost n + 1 waits, not 2n. The order
-    holds: each copy comes after the source's earlier launches on its buffer (this
-    stream's, another task's stream's), on this destination and on a second one, and the
-    source's later launch after every copy (its stream waits for each)."""
+    holds (:class:`Order`), inline and queued: each copy comes after the source's
+    earlier writes of its buffer (on this stream, on another task's), on this
+    destination and on a second one, and the source's later writes after every copy.
+    The source's kept event is destroyed when it closes."""
     p = await Pair().ready()
     third = ComputeClient(_server(0), asyncio.get_running_loop(), batch_seconds=1e-3)
     add = writes(p, p.h)
@@ -515,12 +554,11 @@ async def peer_back_to_back() -> None:
     await p.src.sync()
     flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_pending")
     flag.value = 1  # the device is slower than the host: the source's stream is busy
-    order = Order()
+    order = Order(p)
+    n = 8
     try:
         before = p.calls()
         p.src.execute(ADD, ONE, add)
-        order.launch(p.src, p.launches())
-        n = 8
         copies = [p.src.to_client(p.h, p.dst) for _ in range(n)]
         got = diff(p.calls(), before)
         assert got.get("cuMemcpyPeerAsync") == n and got.get("cuStreamQuery") == 1, got
@@ -533,18 +571,28 @@ async def peer_back_to_back() -> None:
 
         async def other() -> None:  # another task's stream writes the buffer
             p.src.execute(ADD, ONE, add)
-            order.launch(p.src, p.launches())
 
         await asyncio.create_task(other())
         flag.value = 1
         copies += [p.src.to_client(p.h, p.dst) for _ in range(2)]
         p.src.execute(ADD, ONE, add)  # the source's later writer: after every copy
-        order.launch(p.src, p.launches())
-        assert order.copies == n + 3 and not order.errors, (order.copies, order.errors)
+        p.dst.execute(fresh(), ONE, NOTHING)  # the destination busy: the copies queued
+        queued = [p.src.to_client(p.h, p.dst) for _ in range(3)]
+        p.src.execute(ADD, ONE, add)  # queued behind them on the source
+        queued += [p.src.to_client(p.h, p.dst) for _ in range(3)]
+        assert p.src._channel._queue and p.dst._channel._queue, "nothing was queued"
+        await p.dst.sync()
+        await p.src.sync()
+        flag.value = 1
+        p.src.execute(ADD, ONE, add)
+        copies.append(p.src.to_client(p.h, p.dst))  # a new mark, with an event
+        order.catch_up()
+        assert order.copies == n + 10, order.copies
+        assert order.launches >= 6 and not order.errors, order.errors
     finally:
         order.close()
         flag.value = 0
-    for h in (copies[0], copies[-1]):
+    for h in (copies[0], copies[-1], queued[0], queued[-1]):
         assert len((await p.dst.read([h]))[0]) == SIZE
     assert len((await third.read([copies[n]]))[0]) == SIZE
     await third.close()

@@ -223,7 +223,11 @@ def export(server: CudaServer, binding: Binding, stream: StreamId) -> Export:
 
 
 def _new_mark(
-    server: CudaServer, cu_stream: Any, marks: dict[object, _Mark], wrapper: object, old: Any
+    server: CudaServer,
+    cu_stream: Any,
+    marks: dict[object, _Mark],
+    wrapper: object,
+    old: _Mark | None,
 ) -> _Mark:
     """A new mark of ``cu_stream``'s work so far (no event if the stream has nothing
     left to run: everything queued on it, the buffer's writers among them, passed);
