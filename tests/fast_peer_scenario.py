@@ -600,6 +600,9 @@ async def peer_back_to_back() -> None:
 
     held = [m.event for m in peer._marks[p.src.server].values() if m.event is not None]
     assert held, "the source's stream keeps its mark's event"
+    free = [int(e) for e in p.src.server._events._free]  # type: ignore[attr-defined]
+    assert len(set(free)) == len(free), "an event went back twice"
+    assert not set(free) & {int(e) for e in held}, "a mark's event is in the pool"
     destroyed: list[Any] = []
 
     def destroy(event: Any) -> tuple[int]:

@@ -64,14 +64,25 @@ class _Mark:
     soon as anything else resolves on the source stream; its event goes back to the
     pool once replaced and no copy holds it any more (``users``)."""
 
-    __slots__ = ("cursor", "event", "retired", "users", "waited")
+    __slots__ = ("cursor", "event", "owned", "retired", "users", "waited")
 
     def __init__(self, event: Any, cursor: int) -> None:
         self.event = event
+        self.owned: list[Any] = [] if event is None else [event]
+        """The event until it goes back (taken by one ``pop``: the close thread's hook
+        and the loop's last copy may both try)."""
         self.cursor = cursor
         self.users = 0
         self.retired = False
         self.waited: set[object] = set()
+
+    def give_back(self, events: Any) -> None:
+        """The event back to ``events`` (once, whoever asks first)."""
+        try:
+            event = self.owned.pop()
+        except IndexError:
+            return
+        events.give(event)
 
 
 _marks: weakref.WeakKeyDictionary[Any, dict[object, _Mark]] = weakref.WeakKeyDictionary()
@@ -245,11 +256,10 @@ def _retire_all(marks: dict[object, _Mark], events: Any) -> None:
     """The source server closes (its close thread, before its events are destroyed):
     the events of its marks go back to the pool (a copy still holding one gives it back
     when it lets go)."""
-    for mark in marks.values():
+    for mark in list(marks.values()):
         mark.retired = True
-        if not mark.users and mark.event is not None:
-            events.give(mark.event)
-            mark.event = None
+        if not mark.users:
+            mark.give_back(events)
     marks.clear()
 
 
@@ -257,9 +267,8 @@ def _release(server: CudaServer, mark: _Mark, users: int = 1) -> None:
     """``users`` copies no longer hold ``mark``: its event goes back to the pool once it
     is retired and none does."""
     mark.users -= users
-    if mark.retired and not mark.users and mark.event is not None:
-        server._events.give(mark.event)
-        mark.event = None
+    if mark.retired and not mark.users:
+        mark.give_back(server._events)
 
 
 def import_copy(
