@@ -14,7 +14,8 @@ call returns success at once:
 A launch with a grid of 777 blocks fails with ``CUDA_ERROR_INVALID_VALUE``, and every
 device-to-host copy fails with the library's ``fake_fail_dtoh`` while it is not 0 (the
 tests of ``tests/test_fast_launch.py`` use both); every peer copy with ``fake_fail_peer``
-(each notes the launches made so far in ``fake_peer_at``). While the library's ``fake_pending`` is
+(each notes the launches made so far in ``fake_peer_at``; each launch its stream in
+``fake_launch_on``). While the library's ``fake_pending`` is
 not 0 the device is slower than the host: event and stream queries answer
 ``CUDA_ERROR_NOT_READY`` until a host function runs (the device reached it, so it passed
 everything before) or an event is waited for (``cuEventSynchronize``). Each entry point
@@ -47,9 +48,11 @@ import numpy as np
 
 FAKE_LIBCUDA = r"""
 typedef unsigned long long u64;
+void *fake_launch_on[4096]; /* the stream of each launch (a trace, by launch count) */
 int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     unsigned by, unsigned bz, unsigned smem, void *s, void **params, void **extra)
-    { return gx == 777u ? 1 : 0; } /* a grid of 777 fails: CUDA_ERROR_INVALID_VALUE */
+    { fake_launch_on[(fake_calls[0] - 1) % 4096] = s;
+      return gx == 777u ? 1 : 0; } /* a grid of 777 fails: CUDA_ERROR_INVALID_VALUE */
 int cuEventRecord(void *e, void *s) { return 0; }
 int fake_pending = 0; /* not 0: the device has not passed what was queued */
 int cuEventQuery(void *e) { return fake_pending ? 600 : 0; } /* CUDA_ERROR_NOT_READY */

@@ -11,7 +11,9 @@ a huge one runs every copy inline), prints:
 
 * the loop thread's CPU per copy (``time.thread_time``, best of ``--rounds``), for the
   calls alone and with the sync that drains what they queued;
-* the driver calls per copy: the fake library's (the compiled hot path's; the
+* the driver calls per copy, of the calls alone and with the sync (``--busy``: the
+  device slower than the host, its queries answering not ready as a GPU's do mid-run,
+  until the sync's host function): the fake library's (the compiled hot path's; the
   pure-Python twin's go through the Python fake and are not counted there), and the
   ``cuCtxSetCurrent`` calls made through ``cuda.bindings`` (``driver.set_current``);
 * cProfile's calls per copy and the top functions by own time (``--top``).
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import ctypes
 import pstats
 import time
 from typing import Any
@@ -34,16 +37,31 @@ import bench_overhead
 SIZE = 4096
 
 
-async def _batch(src: Any, dst: Any, h: Any, copies: int) -> tuple[float, float]:
-    """Loop-thread CPU seconds of ``copies`` calls, and of the calls with the sync."""
+async def _batch(
+    src: Any, dst: Any, h: Any, copies: int, counted: list[dict[str, int]] | None = None
+) -> tuple[float, float]:
+    """Loop-thread CPU seconds of ``copies`` calls, and of the calls with the sync;
+    ``counted`` gets the driver calls of the calls alone, then with the sync."""
+    from asynccube._core.cuda import driver
+
+    lib = driver._module._lib  # type: ignore[union-attr]  # the no-op libcuda.so.1
     await src.sync()
     await dst.sync()
+    if _busy[0]:  # the device slower than the host until the sync (its host function)
+        ctypes.c_int.in_dll(lib, "fake_pending").value = 1
+    if counted is not None:
+        bench_overhead.c_calls(lib, reset=True)
+        _switches[0] = 0
     t0 = time.thread_time()
     for _ in range(copies):
         copy = src.to_client(h, dst)
     t1 = time.thread_time()
+    if counted is not None:
+        counted.append({**bench_overhead.c_calls(lib), "cuCtxSetCurrent(py)": _switches[0]})
     await dst.sync()
     t2 = time.thread_time()
+    if counted is not None:
+        counted.append({**bench_overhead.c_calls(lib), "cuCtxSetCurrent(py)": _switches[0]})
     del copy
     return t1 - t0, t2 - t0
 
@@ -65,15 +83,11 @@ async def measure(batch_us: float, args: argparse.Namespace) -> None:
     print(f"\n{ACTIVE}, batch_us={batch_us:g}, {n} copies of {SIZE} bytes:")
     print(f"  loop thread CPU per copy: calls {calls / n * 1e6:.2f} µs, with the sync "
           f"{whole / n * 1e6:.2f} µs")  # fmt: skip
-    from asynccube._core.cuda import driver
-
-    lib = driver._module._lib  # type: ignore[union-attr]  # the no-op libcuda.so.1
-    bench_overhead.c_calls(lib, reset=True)
-    _switches[0] = 0
-    await _batch(src, dst, h, n)
-    counts = {**bench_overhead.c_calls(lib, reset=True), "cuCtxSetCurrent(py)": _switches[0]}
-    driver = {k: round(v / n, 2) for k, v in counts.items()}
-    print(f"  driver calls per copy (compiled hot path): {driver}")
+    counted: list[dict[str, int]] = []
+    await _batch(src, dst, h, n, counted)
+    for what, counts in zip(("the calls alone", "with the sync"), counted, strict=True):
+        per_copy = {k: round(v / n, 2) for k, v in counts.items() if v}
+        print(f"  driver calls per copy (compiled hot path), {what}: {per_copy}")
     prof = cProfile.Profile()
     await src.sync()
     await dst.sync()
@@ -87,6 +101,9 @@ async def measure(batch_us: float, args: argparse.Namespace) -> None:
     await src.close()
     await dst.close()
 
+
+_busy = [False]
+"""``--busy``: stream and event queries say not ready during the copies."""
 
 _switches = [0]
 """``cuCtxSetCurrent`` calls through the Python fake (``driver.set_current``)."""
@@ -126,7 +143,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--devices", type=int, default=2, choices=(1, 2))
     p.add_argument("--top", type=int, default=0, help="cProfile's top functions (0: none)")
+    p.add_argument(
+        "--busy", action="store_true", help="the device slower than the host (queries: not ready)"
+    )
     args = p.parse_args()
+    _busy[0] = args.busy
     bench_overhead.install_fake()
     _count_switches()
     for batch_us in (float(b) for b in args.batch_us.split(",")):

@@ -18,8 +18,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
+
 from fast_launch_scenario import (
     ACTIVE,
+    ADD,
     EMPTY,
     ComputeClient,
     ac,
@@ -29,7 +32,7 @@ from fast_launch_scenario import (
 )
 
 SIZE = 4096
-TRACED = ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel")
+TRACED = ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel", "cuStreamQuery")
 ONE, NOTHING = ac.CubeCount(1), ac.Bindings()
 
 
@@ -151,9 +154,11 @@ def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 async def peer_inline() -> None:
     """Both actors idle: one ``to_client`` issues the whole copy before it returns, with
-    the driver calls of the copy alone (an event after the source's work, the
-    destination's stream waits for it, the copy, an event after it, the source's stream
-    waits for that), makes no future, queues nothing, creates no event once warm."""
+    the driver calls of the copy alone (the copy, an event after it, the source's stream
+    waits for that; the source's stream has nothing left to run here, so no event of
+    its work and no wait for it on the destination: once ``cuStreamQuery`` after a
+    launch on the source, not at all when nothing ran there since the last copy), makes
+    no future, queues nothing, creates no event once warm."""
     p = await Pair().ready()
     p.src.to_client(p.h, p.dst)  # warm: the events pooled
     await p.dst.sync()
@@ -162,7 +167,13 @@ async def peer_inline() -> None:
     pending = [len(c._channel._pending) for c in (p.src, p.dst)]
     copy = p.src.to_client(p.h, p.dst)
     got = diff(p.calls(), before)
-    want = {"cuEventRecord": 2, "cuStreamWaitEvent": 2, "cuMemcpyPeerAsync": 1}
+    want = {"cuEventRecord": 1, "cuStreamWaitEvent": 1, "cuMemcpyPeerAsync": 1}
+    assert got == want, got
+    p.src.execute(EMPTY, ONE, NOTHING)  # the source's stream moved on: asked again
+    before = p.calls()
+    p.src.to_client(p.h, p.dst)
+    got = diff(p.calls(), before)
+    want = {"cuStreamQuery": 1, "cuEventRecord": 1, "cuStreamWaitEvent": 1, "cuMemcpyPeerAsync": 1}
     assert got == want, got
     assert [len(c._channel._pending) for c in (p.src, p.dst)] == pending, "futures made"
     assert not p.src._channel._queue and not p.dst._channel._queue, "commands queued"
@@ -198,7 +209,7 @@ async def peer_queued() -> None:
     done = True
     got = diff(p.calls(), before)
     assert got.get("cuMemcpyPeerAsync") == n, got
-    assert got.get("cuStreamWaitEvent", 0) == 2 * n, got
+    assert got.get("cuStreamWaitEvent", 0) == n, got  # the source's, for each copy
     assert iterations < n // 10, f"{iterations} loop iterations for {n} queued copies"
     for h in copies[:: n // 4]:
         assert len((await p.dst.read([h]))[0]) == SIZE
@@ -400,7 +411,7 @@ async def peer_two_devices() -> None:
     assert switches == [dst_ctx, src_ctx], switches
     assert driver._tls.context is src_ctx
     assert asked[0] == 0, "the destination's one-call allocation asked with another context"
-    assert got.get("cuMemcpyPeerAsync") == 1 and got.get("cuStreamWaitEvent") == 2, got
+    assert got.get("cuMemcpyPeerAsync") == 1 and got.get("cuStreamWaitEvent") == 1, got
     assert len((await p.dst.read([copy]))[0]) == SIZE
     p.dst.execute(fresh(), ONE, NOTHING)  # the destination busy: the copies are queued
     copies = [p.src.to_client(p.h, p.dst) for _ in range(20)]
@@ -411,10 +422,206 @@ async def peer_two_devices() -> None:
     await p.close()
 
 
+class Order:
+    """The order the streams of both clients see, from the driver's calls: a clock per
+    stream (for each stream, the latest launch ordered before its tail; and the copies),
+    moved by each event record and stream wait as the device would (a wait takes what
+    the event's latest record saw) and by each launch (the fake's trace of their
+    streams). A stream ``cuStreamQuery`` found idle has all of its clock done. Every
+    launch on one of the source's streams stands for a write of the copied buffer: each
+    copy must come after those before it, and each of them after the copies before it
+    (the source's later writers wait for the copies' reads). What breaks that is noted
+    in ``errors`` (raised inside a copy, it would only fail that copy)."""
+
+    _HOT = ("event_record", "stream_wait_event", "memcpy_peer", "stream_query")
+
+    def __init__(self, p: Pair) -> None:
+        from asynccube._core.cuda import peer
+
+        self.p, self.hot = p, peer.hot
+        self.clock: dict[int, dict[object, int]] = {}
+        self.recorded: dict[int, dict[object, int]] = {}
+        self.done: dict[object, int] = {}
+        """What idle streams had seen: done everywhere."""
+        self.copies = self.launches = 0
+        self.needs: list[tuple[int, int]] = []
+        """The writes (stream, launch) each later copy must come after."""
+        self.errors: list[str] = []
+        lib = bench_overhead_lib()
+        self._c_streams = (ctypes.c_void_p * 4096).in_dll(lib, "fake_launch_on")
+        self._c_seen = self._c_count()
+        self._py_streams: list[int] = []
+        self._py_seen = 0
+        self._py_launch = p._fake.cuLaunchKernel
+
+        def py_launch(*args: Any) -> Any:
+            self._py_streams.append(int(args[8]))
+            return self._py_launch(*args)
+
+        p._fake.cuLaunchKernel = py_launch
+        self._saved = {name: getattr(self.hot, name) for name in self._HOT}
+        for name in self._HOT:
+            setattr(self.hot, name, getattr(self, "_" + name))
+
+    def _c_count(self) -> int:
+        return bench_overhead.c_calls(bench_overhead_lib()).get("cuLaunchKernel", 0)
+
+    def catch_up(self) -> None:
+        """Take in the launches issued since the last driver call seen."""
+        count = self._c_count()
+        streams = [self._c_streams[i % 4096] or 0 for i in range(self._c_seen, count)]
+        self._c_seen = count
+        streams += self._py_streams[self._py_seen :]
+        self._py_seen = len(self._py_streams)
+        source = {int(w.stream) for _, w in self.p.src.server._streams.streams.existing()}  # type: ignore[attr-defined]
+        for stream in streams:
+            self.launches += 1
+            clock = self._of(stream)
+            if stream in source:  # a write of the buffer
+                if max(clock.get("copies", 0), self.done.get("copies", 0)) < self.copies:
+                    self.errors.append(f"write {self.launches} not after the copies before it")
+                self.needs.append((stream, self.launches))
+            clock[stream] = self.launches
+
+    def _of(self, stream: Any) -> dict[object, int]:
+        return self.clock.setdefault(int(stream), {})
+
+    def _event_record(self, event: Any, stream: Any) -> Any:
+        self.catch_up()
+        self.recorded[int(event)] = dict(self._of(stream))
+        return self._saved["event_record"](event, stream)
+
+    def _stream_wait_event(self, stream: Any, event: Any) -> Any:
+        self.catch_up()
+        seen = self.recorded.get(int(event))
+        if seen is None:
+            self.errors.append("a stream waits on an event never recorded")
+        _merge(self._of(stream), seen or {})
+        return self._saved["stream_wait_event"](stream, event)
+
+    def _stream_query(self, stream: Any) -> Any:
+        self.catch_up()
+        err = self._saved["stream_query"](stream)
+        if not err:
+            _merge(self.done, self._of(stream))
+        return err
+
+    def _memcpy_peer(self, *args: Any) -> Any:
+        self.catch_up()
+        clock = self._of(args[5])
+        for stream, n in self.needs:
+            if max(clock.get(stream, 0), self.done.get(stream, 0)) < n:
+                self.errors.append(f"copy {self.copies + 1} not after write {n} on {stream:#x}")
+        self.copies += 1
+        clock["copies"] = self.copies
+        return self._saved["memcpy_peer"](*args)
+
+    def close(self) -> None:
+        self.catch_up()
+        for name, call in self._saved.items():
+            setattr(self.hot, name, call)
+        self.p._fake.cuLaunchKernel = self._py_launch
+
+
+def _merge(into: dict[object, int], seen: dict[object, int]) -> None:
+    for key, n in seen.items():
+        into[key] = max(into.get(key, 0), n)
+
+
+def writes(p: Pair, h: ac.Handle) -> ac.Bindings:
+    """The add kernel over ``h`` (it reads and writes it)."""
+    return ac.Bindings().with_buffers([h.binding()] * 3).with_scalar(np.uint32, [SIZE // 4])
+
+
+async def peer_back_to_back() -> None:
+    """Issue 38: copies sent back to back from one stream while the source's device is
+    busy record the source's event once and the destination's stream waits on it once
+    (it was an event and two cross-device waits per copy, which made each copy wait for
+    the one before across the two devices): n copies cost n + 1 waits, not 2n. The order
+    holds (:class:`Order`), inline and queued: each copy comes after the source's
+    earlier writes of its buffer (on this stream, on another task's), on this
+    destination and on a second one, and the source's later writes after every copy.
+    The source's kept event is destroyed when it closes."""
+    p = await Pair().ready()
+    third = ComputeClient(_server(0), asyncio.get_running_loop(), batch_seconds=1e-3)
+    add = writes(p, p.h)
+    p.src.execute(ADD, ONE, add)  # loaded, checked
+    await p.src.sync()
+    p.src.to_client(p.h, p.dst)  # warm: the events pooled
+    p.src.to_client(p.h, third)
+    await p.dst.sync()
+    await third.sync()
+    await p.src.sync()
+    flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_pending")
+    flag.value = 1  # the device is slower than the host: the source's stream is busy
+    order = Order(p)
+    n = 8
+    try:
+        before = p.calls()
+        p.src.execute(ADD, ONE, add)
+        copies = [p.src.to_client(p.h, p.dst) for _ in range(n)]
+        got = diff(p.calls(), before)
+        assert got.get("cuMemcpyPeerAsync") == n and got.get("cuStreamQuery") == 1, got
+        assert got.get("cuStreamWaitEvent") == n + 1, got  # 2n before
+        assert got.get("cuEventRecord") == n + 1, got  # 2n before
+        before = p.calls()
+        copies.append(p.src.to_client(p.h, third))  # a stream that never waited on it
+        got = diff(p.calls(), before)
+        assert got.get("cuStreamWaitEvent") == 2 and got.get("cuEventRecord") == 1, got
+
+        async def other() -> None:  # another task's stream writes the buffer
+            p.src.execute(ADD, ONE, add)
+
+        await asyncio.create_task(other())
+        flag.value = 1
+        copies += [p.src.to_client(p.h, p.dst) for _ in range(2)]
+        p.src.execute(ADD, ONE, add)  # the source's later writer: after every copy
+        p.dst.execute(fresh(), ONE, NOTHING)  # the destination busy: the copies queued
+        queued = [p.src.to_client(p.h, p.dst) for _ in range(3)]
+        p.src.execute(ADD, ONE, add)  # queued behind them on the source
+        queued += [p.src.to_client(p.h, p.dst) for _ in range(3)]
+        assert p.src._channel._queue and p.dst._channel._queue, "nothing was queued"
+        await p.dst.sync()
+        await p.src.sync()
+        flag.value = 1
+        p.src.execute(ADD, ONE, add)
+        copies.append(p.src.to_client(p.h, p.dst))  # a new mark, with an event
+        order.catch_up()
+        assert order.copies == n + 10, order.copies
+        assert order.launches >= 6 and not order.errors, order.errors
+    finally:
+        order.close()
+        flag.value = 0
+    for h in (copies[0], copies[-1], queued[0], queued[-1]):
+        assert len((await p.dst.read([h]))[0]) == SIZE
+    assert len((await third.read([copies[n]]))[0]) == SIZE
+    await third.close()
+    from asynccube._core.cuda import peer
+
+    held = [m.event for m in peer._marks[p.src.server].values() if m.event is not None]
+    assert held, "the source's stream keeps its mark's event"
+    free = [int(e) for e in p.src.server._events._free]  # type: ignore[attr-defined]
+    assert len(set(free)) == len(free), "an event went back twice"
+    assert not set(free) & {int(e) for e in held}, "a mark's event is in the pool"
+    destroyed: list[Any] = []
+
+    def destroy(event: Any) -> tuple[int]:
+        destroyed.append(event)
+        return (0,)
+
+    p._fake.cuEventDestroy = destroy
+    try:
+        await p.close()
+    finally:
+        del p._fake.cuEventDestroy
+    assert all(e in destroyed for e in held), "a mark's event was not destroyed at close"
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
     for f in (peer_inline, peer_queued, peer_busy_source, peer_busy_dest, peer_errors,
-              peer_dead_dest, peer_cancelled_dest, peer_cancelled_source, peer_two_devices)
+              peer_dead_dest, peer_cancelled_dest, peer_cancelled_source, peer_two_devices,
+              peer_back_to_back)
 }  # fmt: skip
 
 

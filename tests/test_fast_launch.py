@@ -70,7 +70,7 @@ SCENARIOS = {
     "fast_peer_scenario.py": (
         "peer_inline", "peer_queued", "peer_busy_source", "peer_busy_dest", "peer_errors",
         "peer_dead_dest", "peer_cancelled_dest", "peer_cancelled_source",
-        "peer_two_devices",
+        "peer_two_devices", "peer_back_to_back",
     ),
 }  # fmt: skip
 

@@ -322,3 +322,45 @@ async def test_peer_copies_keep_the_current_context_and_its_mark_agreed() -> Non
             assert int(check(cu().cuCtxGetCurrent())) == int(driver._tls.context)
         np.testing.assert_array_equal(await b.read_array(copy, np.float32), want)
         np.testing.assert_array_equal(await a.read_array(back, np.float32), want)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        pytest.param("cuda:0", "cuda:0", id="one-gpu"),
+        pytest.param("cuda:0", "cuda:1", marks=two_gpus, id="two-gpus"),
+    ],
+)
+async def test_back_to_back_copies_see_the_writes_between_them(a: str, b: str) -> None:
+    """Issue 38: copies sent back to back from one stream share the source's event, and
+    a destination stream waits on it once. A write on the source behind a slow kernel
+    (on the copies' stream, then on another task's) is seen by every copy issued after
+    it and by none before it, on two destinations; the destinations kept busy, the
+    source's write after a run of copies waits for their reads."""
+    n = 1 << 16
+    one = ac.CubeCount(1)
+    async with ac.open_client(a) as ca, ac.open_client(b) as cb, ac.open_client(b) as cc:
+        h = ca.create(np.ones(n, np.float32))
+        for client in (ca, cb, cc):
+            client.execute(SPIN, one, spin(0))  # loaded: the calls below run inline
+        ca.execute(SCALE, blocks(n), scale(h, 1.0, n))
+        await ca.sync()
+        for client in (cb, cc):
+            client.execute(SPIN, one, spin(0.05))  # the copies read late
+        first = [ca.to_client(h, cb) for _ in range(4)] + [ca.to_client(h, cc)]
+        ca.execute(SCALE, blocks(n), scale(h, 2.0, n))  # after the copies' reads
+        ca.execute(SPIN, one, spin(0.05))  # the source busy: the write below is late
+        ca.execute(SCALE, blocks(n), scale(h, 2.0, n))
+        second = [ca.to_client(h, cb) for _ in range(4)] + [ca.to_client(h, cc)]
+
+        async def other() -> None:  # another task's stream writes it, late
+            ca.execute(SPIN, one, spin(0.05))
+            ca.execute(SCALE, blocks(n), scale(h, 2.0, n))
+
+        await asyncio.create_task(other())
+        third = [ca.to_client(h, cb) for _ in range(2)] + [ca.to_client(h, cc)]
+        for copies, value in ((first, 1.0), (second, 4.0), (third, 8.0)):
+            for copy, client in zip(copies, [cb] * (len(copies) - 1) + [cc], strict=True):
+                got = await client.read_array(copy, np.float32)
+                np.testing.assert_array_equal(got, np.full(n, value))

@@ -6,6 +6,14 @@ done once per pair of devices); then the source's stream waits for an event afte
 copy, and the source binding is held until the source stream passes it. So both sides
 are ordered and the source memory stays alive until the copy ran. Devices that cannot
 reach each other take the staged path of :mod:`..transfer` instead.
+
+The source's event is kept per source stream (a :class:`_Mark`, with the cursor it was
+recorded at): copies sent back to back from one stream, with nothing resolved on it in
+between and the buffer last used there, reuse it, and a destination stream that
+already waited on it does not wait again (the device-side cost of a copy is mostly
+these cross-device records and waits; reused, the copies no longer ping-pong between
+the two devices). A source stream with nothing left to run (``cuStreamQuery``) records
+no event: the destination has nothing to wait for.
 """
 
 from __future__ import annotations
@@ -45,8 +53,40 @@ context and its new client has a new pool, so both must be enabled again."""
 _lock = threading.Lock()
 _reach: dict[tuple[int, int], bool] = {}
 
-Export = tuple[int, Any, Any, Any]
-"""(source pointer, source context, event after the source's work, source CUDA stream)."""
+Export = tuple[int, Any, "_Mark", Any]
+"""(source pointer, source context, the mark of the source's work, source CUDA stream)."""
+
+
+class _Mark:
+    """The last event a source stream recorded for peer copies (None: the stream had
+    nothing left to run), the stream's cursor at that point, and the destination
+    streams (their ``StreamWrapper`` objects, held) that already wait on it. Replaced as
+    soon as anything else resolves on the source stream; its event goes back to the
+    pool once replaced and no copy holds it any more (``users``)."""
+
+    __slots__ = ("cursor", "event", "owned", "retired", "users", "waited")
+
+    def __init__(self, event: Any, cursor: int) -> None:
+        self.event = event
+        self.owned: list[Any] = [] if event is None else [event]
+        """The event until it goes back (taken by one ``pop``: the close thread's hook
+        and the loop's last copy may both try)."""
+        self.cursor = cursor
+        self.users = 0
+        self.retired = False
+        self.waited: set[object] = set()
+
+    def give_back(self, events: Any) -> None:
+        """The event back to ``events`` (once, whoever asks first)."""
+        try:
+            event = self.owned.pop()
+        except IndexError:
+            return
+        events.give(event)
+
+
+_marks: weakref.WeakKeyDictionary[Any, dict[object, _Mark]] = weakref.WeakKeyDictionary()
+"""Per source server, the mark of each of its streams (keyed by ``StreamWrapper``)."""
 
 
 def _ordinal(server: CudaServer) -> int:
@@ -168,11 +208,67 @@ def enter(server: CudaServer) -> None:
 
 
 def export(server: CudaServer, binding: Binding, stream: StreamId) -> Export:
-    """The source side: the binding's address and an event after the work queued on
-    ``stream`` that touches it (actor, source context current)."""
+    """The source side: the binding's address and the mark of the work queued on
+    ``stream`` that touches it (actor, source context current): the stream's mark
+    reused when nothing resolved on ``stream`` since it and the buffer was last used
+    there (``_Mark``), else a new one (an event, or none if the stream is idle)."""
     ptr = server._ptr(binding)
-    cu_stream = server._streams.resolve(stream, [binding]).stream
-    return ptr, server._ctx.context, server._events.record(cu_stream), cu_stream
+    streams = server._streams
+    own = stream.value % streams.max_streams
+    origin = streams.last_use.get(binding.memory.id)
+    local = (binding.stream if origin is None else origin[0]).value % streams.max_streams == own
+    resolved = streams.resolve(stream, [binding])
+    cu_stream = resolved.stream
+    wrapper = streams.streams.slots[own]
+    marks = _marks.get(server)
+    if marks is None:
+        marks = _marks[server] = {}
+        events = server._events  # (not the server: no cycle through its hooks)
+        server.close_hooks.append(lambda: _retire_all(marks, events))
+    mark = marks.get(wrapper)
+    if mark is None or not local or mark.cursor != resolved.cursor - 1:
+        mark = _new_mark(server, cu_stream, marks, wrapper, mark)
+    mark.cursor = resolved.cursor
+    mark.users += 1
+    return ptr, server._ctx.context, mark, cu_stream
+
+
+def _new_mark(
+    server: CudaServer,
+    cu_stream: Any,
+    marks: dict[object, _Mark],
+    wrapper: object,
+    old: _Mark | None,
+) -> _Mark:
+    """A new mark of ``cu_stream``'s work so far (no event if the stream has nothing
+    left to run: everything queued on it, the buffer's writers among them, passed);
+    ``old`` is retired (its event back once no copy holds it)."""
+    idle = hot.stream_query(cu_stream) == 0
+    mark = _Mark(None if idle else server._events.record(cu_stream), 0)
+    marks[wrapper] = mark
+    if old is not None:
+        old.retired = True
+        _release(server, old, 0)
+    return mark
+
+
+def _retire_all(marks: dict[object, _Mark], events: Any) -> None:
+    """The source server closes (its close thread, before its events are destroyed):
+    the events of its marks go back to the pool (a copy still holding one gives it back
+    when it lets go)."""
+    for mark in list(marks.values()):
+        mark.retired = True
+        if not mark.users:
+            mark.give_back(events)
+    marks.clear()
+
+
+def _release(server: CudaServer, mark: _Mark, users: int = 1) -> None:
+    """``users`` copies no longer hold ``mark``: its event goes back to the pool once it
+    is retired and none does."""
+    mark.users -= users
+    if mark.retired and not mark.users:
+        mark.give_back(server._events)
 
 
 def import_copy(
@@ -180,14 +276,15 @@ def import_copy(
 ) -> Any:
     """The destination side, its context made current (:func:`enter`): reserve
     ``handle`` (unless ``created``: the one-call allocation took it), wait for the
-    source's event, copy; return an event after the copy."""
+    source's mark (unless the stream already waits on it, or it has no event), copy;
+    return an event after the copy."""
     enter(server)
-    ptr, ctx, event, _ = source
+    ptr, ctx, mark, _ = source
     binding = handle.binding()
     streams = server._streams
     if created:
         dst = server._ptr(binding)
-        cu_stream = streams.resolve(stream, [binding]).stream
+        streams.resolve(stream, [binding])
     else:
         server.create([handle], stream)
         dst = server._ptr_slow(binding)  # a new handle: its address is not cached yet
@@ -195,10 +292,14 @@ def import_copy(
         # to wait for), the cursor advanced and the copy stamped as its last use
         cursor = streams.advance(stream)
         streams.last_use[binding.memory.id] = (stream, cursor)
-        cu_stream = streams.streams.get(stream).stream
-    err = hot.stream_wait_event(cu_stream, event)
-    if err:
-        raise error_from(err, "cuStreamWaitEvent(peer)")
+    wrapper = streams.streams.get(stream)
+    cu_stream = wrapper.stream
+    event = mark.event
+    if event is not None and wrapper not in mark.waited:
+        err = hot.stream_wait_event(cu_stream, event)
+        if err:
+            raise error_from(err, "cuStreamWaitEvent(peer)")
+        mark.waited.add(wrapper)
     err = hot.memcpy_peer(dst, server._ctx.context, ptr, ctx, binding.size, cu_stream)
     if err is None:  # a driver without the entry point the hot path looks up
         err = cu().cuMemcpyPeerAsync(dst, server._ctx.context, ptr, ctx, binding.size, cu_stream)[0]
@@ -211,16 +312,16 @@ def abandon(src: CudaServer, source: Export) -> None:
     """The source side when the destination failed before copying: its context current
     again, the event goes back."""
     enter(src)
-    src._events.give(source[2])
+    _release(src, source[2])
 
 
 def finish(src: CudaServer, dst: CudaServer, source: Export, copied: Any, binding: Binding) -> None:
     """The source side again, its context current again: its stream waits for the copy;
-    the binding is held until the source stream passes that point; the events go back
-    to their pools."""
+    the binding is held until the source stream passes that point; the copy's event
+    goes back to its pool, and the copy lets go of the source's mark."""
     enter(src)
-    _, _, event, stream = source
-    src._events.give(event)
+    _, _, mark, stream = source
+    _release(src, mark)
     err = hot.stream_wait_event(stream, copied)
     if err:
         raise error_from(err, "cuStreamWaitEvent(peer done)")
