@@ -243,19 +243,23 @@ async def nccl_moves_the_context() -> None:
 
 
 async def await_falls_back() -> None:
-    """The one look declines where something was issued on a client since the call (a
-    write on the second) or the device has not passed the events (the fake's pending
-    flag): each client's sync settles the await, which still waits for that work."""
+    """The one look settles the work the call was issued behind (a write issued on the
+    second client since is left to its own await: its stream is marked done up to the
+    collective only); it declines where the device has not passed the events (the
+    fake's pending flag): each client's sync settles the await."""
     s = await Setup().warm()
     hits = s.hits()
+    here = ac.StreamId.current()
     done = ac.all_reduce(s.pairs, "float32")
     client, handle = s.pairs[1]
+    wrapper = client.server._streams.streams.get(here)
+    collective_at = wrapper.cursor
     client.write([(handle.copy_descriptor((4 * N,), (1,), 1), bytes(4 * N))])
     await done
-    assert [h - k for h, k in zip(s.hits(), hits, strict=True)] == [1, 1]  # each sync
-    here = ac.StreamId.current()
-    wrapper = client.server._streams.streams.get(here)
-    assert wrapper.done == wrapper.cursor  # the write waited for too
+    assert [h - k for h, k in zip(s.hits(), hits, strict=True)] == [1, 0]  # one look
+    assert wrapper.done == collective_at < wrapper.cursor  # the write: not yet known done
+    await client.sync()
+    assert wrapper.done == wrapper.cursor
     pending = ctypes.c_int.in_dll(driver._module._lib, "fake_pending")
     declined = s.clients[0]._fast_sync.declined
     done = ac.all_reduce(s.pairs, "float32")
@@ -298,17 +302,20 @@ async def dropped_buffer_kept() -> None:
 
 
 async def queued_calls() -> None:
-    """Ten calls back to back, then their awaitables: each in one step, in call order."""
+    """Ten calls back to back, then their awaitables: each in one step, in call order;
+    each await settled by one look at its call's events (none by a sync per client)."""
     s = await Setup().warm()
     await ac.all_reduce(s.pairs, "float32", count=1000)  # the kind (512 to 1023) made fast
     LIB.calls.clear()
     sends = _count(Channel, "send")
     counts = [1000 + k for k in range(10)]
+    hits = s.hits()
     done = [ac.all_reduce(s.pairs, "float32", count=k) for k in counts]
     assert len(sends) == 10, [c[1].__name__ for c in sends]
     assert [c[2] for c in LIB.calls] == [k for k in counts for _ in range(2)]
     for d in done:
         await d
+    assert [h - k for h, k in zip(s.hits(), hits, strict=True)] == [10, 0]
     _uncount()
     await s.close()
 

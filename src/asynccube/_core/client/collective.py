@@ -7,7 +7,8 @@ into each), ``ac.broadcast`` (one client's buffer copied into every other's),
 Everything is checked (:mod:`.collective_checks`) and queued at the call, on the
 calling task's stream of every client; the returned awaitable completes once the
 result is in every buffer (a ``sync`` of each client, through the completion
-machinery: the loop never blocks), and raises what failed there. Later commands of the
+machinery: the loop never blocks; for a collective run in one step, one look at the
+events the call recorded), and raises what failed there. Later commands of the
 same task on each client come after the collective without awaiting it. Not awaited,
 it warns like any client awaitable, and each client's failure stays held for that
 client's stream (its next awaited call raises it).
@@ -292,9 +293,11 @@ class _Collective:
     """What a collective returns. Awaiting it syncs each client (for the stream of the
     call: :meth:`_sync`) and awaits them in turn, raising the first failure (the others
     attached as notes). A collective run in one step (:mod:`.nccl_reduce`) recorded an
-    event on each client's streams with work not known done: awaited from the calling
-    task with nothing issued on those clients since, one look at those events settles it
-    (one future: ``FastSync.collective``), every client's sync otherwise. Never awaited,
+    event after it on each client's streams with work not known done: awaited from the
+    calling task, with no failure held on any client, one look at those events settles
+    it (one future: ``FastSync.collective``; the work the call was issued behind is done,
+    work issued since is left to its own await), every client's sync otherwise. Never
+    awaited,
     it warns, as any client awaitable does, and each client's failure stays held for
     that client's stream: its next awaited call there raises it."""
 

@@ -107,15 +107,15 @@ class FastSync:
     def collective(self, parts: list[tuple[FastSync, list[Any], list[Any]]]) -> Any:
         """The await of a collective issued in one step (``client/nccl_reduce.py``):
         ``parts`` gives each client's ``FastSync`` (this one first), the events recorded
-        after the collective on that client's streams with work not known done, and
-        their marks. On every client's conditions above, its context aside (an event is
-        queried from any context), and with nothing issued on those clients since (the
-        same streams pending, at the same cursors): the events polled for up to
-        ``SPIN_S``; all reached, every stream marked done and one future, on this
-        client's channel, that awaiting suspends exactly once. Else None: each client's
-        sync takes it (the events are the caller's to give back either way)."""
-        for fast, _, marks in parts:
-            if not fast._ready(anywhere=True) or _pending(fast._server) != marks:
+        after the collective on that client's streams with work not known done then, and
+        their marks (the streams' cursors then). On every client's conditions above, its
+        context aside (an event is queried from any context): the events polled for up
+        to ``SPIN_S``; all reached, every stream marked done up to its mark (work issued
+        since is not waited for: its own await does) and one future, on this client's
+        channel, that awaiting suspends exactly once. Else None: each client's sync takes
+        it (the events are the caller's to give back either way)."""
+        for fast, _, _ in parts:
+            if not fast._ready(anywhere=True):
                 self.declined += 1
                 return None
         fut = self._new_future()
