@@ -448,3 +448,62 @@ async def test_two_gpus_warm_calls_in_one_step_see_every_earlier_write() -> None
                 assert same(await read, want), step
             await done
             await gather
+
+
+@pytest.mark.cuda
+@two_gpus
+async def test_two_gpus_a_warm_call_switches_twice_and_leaves_the_callers_context() -> None:
+    """Warm, an awaited call in one step makes two ``cuCtxSetCurrent`` through either
+    route (to the second device for its side, back to the first: NCCL needs none and,
+    after its group, leaves current the context current before it, which is asked of
+    the driver), the first client's context current after the call and after the await
+    (the driver's answer and the mark agree), and each await is one look at its call's
+    events (the device given the time to pass them); the result is right."""
+    _need_nccl()
+    from asynccube._core.cuda import driver
+    from asynccube._core.cuda.native import hotpath
+
+    n = 1 << 14
+    async with clients("cuda:0", "cuda:1") as cs:
+        hs = [c.create(np.full(n, i + 1, np.float32)) for i, c in enumerate(cs)]
+        pairs = list(zip(cs, hs, strict=True))
+        for _ in range(3):
+            await ac.all_reduce(pairs, "float32")
+        await cs[0].sync()
+        await cs[1].sync()
+        first = cs[0].server._ctx.context
+        switches: list[Any] = []
+        module, hot_set = driver._module, hotpath.hot.ctx_set
+
+        class Counted:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(module, name)
+
+            def cuCtxSetCurrent(self, ctx: Any) -> Any:
+                switches.append(ctx)
+                return module.cuCtxSetCurrent(ctx)
+
+        def counted_set(ctx: Any) -> Any:
+            switches.append(ctx)
+            return hot_set(ctx)
+
+        driver._module = Counted()
+        hotpath.hot.ctx_set = counted_set
+        looks = cs[0]._fast_sync.hits
+        try:
+            for _ in range(10):
+                done = ac.all_reduce(pairs, "float32")
+                now = int(driver.check(module.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+                assert now == int(first) and driver._tls.context is first
+                await anyio.sleep(0.002)  # the device passes it: the await's one look
+                await done
+                now = int(driver.check(module.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+                assert now == int(first) and driver._tls.context is first
+        finally:
+            driver._module = module
+            hotpath.hot.ctx_set = hot_set
+        assert len(switches) == 2 * 10, switches
+        assert cs[0]._fast_sync.hits - looks == 10  # each await: one look
+        want = np.full(n, 3 * 2**12, np.float32)  # 3 after the first call, then doubled
+        for c, h in pairs:
+            assert same(await c.read_array(h, np.float32), want)
