@@ -494,6 +494,7 @@ async def test_two_gpus_a_warm_call_switches_twice_and_leaves_the_callers_contex
         counted = 0
         try:
             for _ in range(10):
+                cs[0]._channel.activate()  # as after a call in one step (a route's may not)
                 switches.clear()
                 looks = cs[0]._fast_sync.hits
                 done = ac.all_reduce(pairs, "float32")
