@@ -297,9 +297,8 @@ class _Collective:
     calling task, with no failure held on any client, one look at those events settles
     it (one future: ``FastSync.collective``; the work the call was issued behind is done,
     work issued since is left to its own await), every client's sync otherwise. Never
-    awaited,
-    it warns, as any client awaitable does, and each client's failure stays held for
-    that client's stream: its next awaited call there raises it."""
+    awaited, it warns, as any client awaitable does, and each client's failure stays held
+    for that client's stream: its next awaited call there raises it."""
 
     __slots__ = ("_awaited", "_clients", "_futures", "_name", "_origin", "_settle", "_stream")
 

@@ -24,8 +24,13 @@ polled for up to 30 µs (``ForeignOps.foreign_done``); done, a done future (the 
 inline spin returns one too: awaiting it does not suspend, nothing having to unwind
 first); else None, and the route waits (or raises the event's error).
 
-Plain Python over the hot path's ``stream_query``: the same code for the compiled
-module and its twin.
+``FastSync.collective(parts)`` settles the await of a collective run in one step
+(``client/nccl_reduce.py``) the same way, for all its clients at once: the events the
+call recorded after it on each client's pending streams, polled for up to 30 µs from any
+context (no switch to each client's device), then one future.
+
+Plain Python over the hot path's ``stream_query`` and ``event_query``: the same code for
+the compiled module and its twin.
 """
 
 from __future__ import annotations
