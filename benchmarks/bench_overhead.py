@@ -18,7 +18,9 @@ tests of ``tests/test_fast_launch.py`` use both); every peer copy with ``fake_fa
 ``fake_launch_on``). While the library's ``fake_pending`` is
 not 0 the device is slower than the host: event and stream queries answer
 ``CUDA_ERROR_NOT_READY`` until a host function runs (the device reached it, so it passed
-everything before) or an event is waited for (``cuEventSynchronize``). Each entry point
+everything before) or an event is waited for (``cuEventSynchronize``). The current context
+is the calling thread's, as ``cuCtxSetCurrent`` set it (1 at first), for both the library
+and the Python object. Each entry point
 of the library counts its calls (:func:`c_calls`). NVRTC is real (kernels are compiled as
 usual). What is left is asynccube's own work per
 command: the figures are what the GPU figures would be with a free driver. Run::
@@ -65,8 +67,11 @@ int cuLaunchHostFunc(void *s, void (*fn)(void *), void *data)
     { fake_pending = 0; fn(data); return 0; } /* reached: everything before it passed */
 int cuEventCreate(void **e, unsigned flags) { static char ev; *e = &ev; return 0; }
 int cuEventDestroy_v2(void *e) { return 0; }
-int cuCtxGetCurrent(void **c) { *c = (void *)1; return 0; } /* DeviceContext(0, 1, 1) */
-int cuCtxSetCurrent(void *c) { return 0; }
+static __thread void *fake_current = (void *)1; /* DeviceContext(0, 1, 1)'s, at first */
+int cuCtxGetCurrent(void **c) { *c = fake_current; return 0; } /* this thread's, as set */
+int cuCtxSetCurrent(void *c) { fake_current = c; return 0; }
+void fake_ctx_put(void *c) { fake_current = c; } /* cuda.bindings' fake (not counted) */
+void *fake_ctx_now(void) { return fake_current; }
 int cuStreamQuery(void *s) { return fake_pending ? 600 : 0; }
 int fake_fail_peer = 0; /* set to a CUresult: every peer copy fails with it */
 long fake_peer_at[4096]; /* cuLaunchKernel's calls so far at each peer copy (a trace) */
@@ -103,7 +108,10 @@ def _fake_libcuda() -> ctypes.CDLL:
         lib = tmp / "libcuda.so.1"
         cmd = ["cc", "-O2", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(lib)]
         subprocess.run([*cmd, str(tmp / "fake.c")], check=True)
-        return ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+        out = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    out.fake_ctx_now.restype = ctypes.c_void_p
+    out.fake_ctx_put.argtypes = [ctypes.c_void_p]
+    return out
 
 
 class _Enum:
@@ -183,7 +191,11 @@ class FakeDriver:
         return 0, 0  # CU_STREAM_CAPTURE_STATUS_NONE
 
     def cuCtxGetCurrent(self) -> tuple[int, int]:
-        return 0, 1  # DeviceContext(0, 1, 1)'s context, as the C fake says
+        return 0, self._lib.fake_ctx_now() or 0  # this thread's, as the C fake's (1 at first)
+
+    def cuCtxSetCurrent(self, context: Any) -> tuple[int]:
+        self._lib.fake_ctx_put(ctypes.c_void_p(int(context)))  # one current context
+        return (0,)
 
     def cuDriverGetVersion(self) -> tuple[int, int]:
         return 0, 13000

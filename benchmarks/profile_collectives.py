@@ -9,8 +9,9 @@ spends on the calling (loop) thread, and a cProfile of awaited calls.
 ``bench_overhead.py``'s no-op driver and a no-op NCCL library (:class:`NoopNccl`); it
 prints the loop thread's CPU per call (``time.thread_time``, best of ``--rounds``) of
 each collective at 64 KiB, awaited (``await ac.all_reduce(...)``) and queued (10 calls,
-then their awaitables awaited in turn), and cProfile's Python calls per call: the host
-work of one call, which the GPU figures of ``bench_collectives.py`` pay on top of NCCL's.
+then their awaitables awaited in turn), cProfile's Python calls per call, and the
+driver calls per call by entry point (the fakes' counters): the host work of one call,
+which the GPU figures of ``bench_collectives.py`` pay on top of NCCL's.
 
     PYTHONPATH=src python benchmarks/profile_collectives.py --fake
     ASYNCCUBE_NO_EXTENSIONS=1 PYTHONPATH=src python benchmarks/profile_collectives.py --fake
@@ -31,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 SIZES = (64 << 10, 1 << 20, 64 << 20)
@@ -235,11 +237,78 @@ async def fake_profile(args: argparse.Namespace) -> None:
                 f"{min(queued) * 1e6:7.1f} µs/call (loop thread CPU); "
                 f"{per:.0f} Python calls per awaited call"
             )
+            with DriverCounts() as counts:
+                for _ in range(args.calls):
+                    await call()
+            print(f"  {'':14s} driver calls per awaited call: {counts.per(args.calls)}")
+            with DriverCounts() as counts:
+                for _ in range(args.calls // 10):
+                    batch = [call() for _ in range(10)]
+                    for aw in batch:
+                        await aw
+            print(f"  {'':14s} driver calls per queued call:  {counts.per(args.calls // 10 * 10)}")
             if args.top and name == "all_reduce":
                 stats.sort_stats(args.sort).print_stats(args.top)
     finally:
         for c in clients:
             await c.close()
+
+
+class DriverCounts:
+    """Counts the fake driver's calls by entry point while open: ``cuda.bindings``' (the
+    Python fake, wrapped) and the library's (its own counters, prefixed ``lib:``), the
+    pure-Python twin's included (it calls the Python fake)."""
+
+    def __enter__(self) -> DriverCounts:
+        import collections
+
+        import bench_overhead
+
+        from asynccube._core.cuda import driver
+        from asynccube._core.cuda.native import _twin, _twin_args
+
+        self._driver, self._twin, self._args = driver, _twin, _twin_args
+        self._real = real = driver._module
+        self._twin_d, self._args_d = _twin._d, _twin_args.state.get("d")
+        self.counts: collections.Counter[str] = collections.Counter()
+        counts = self.counts
+
+        class Counting:
+            def __getattr__(self, name: str) -> Any:
+                attr = getattr(real, name)
+                if not name.startswith("cu") or not callable(attr):
+                    return attr
+
+                def counted(*args: Any) -> Any:
+                    counts[name] += 1
+                    return attr(*args)
+
+                return counted
+
+        proxy = Counting()
+        driver._module = proxy
+        if self._twin_d is real:
+            _twin._d = proxy
+        if self._args_d is real:
+            _twin_args.state["d"] = proxy
+        self._lib_calls = bench_overhead.c_calls
+        self._lib_calls(real._lib, reset=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        lib = self._lib_calls(self._real._lib, reset=True)
+        self.counts.update({f"lib:{k}": v for k, v in lib.items()})
+        self._driver._module = self._real
+        if self._twin_d is self._real:
+            self._twin._d = self._real
+        if self._args_d is self._real:
+            self._args.state["d"] = self._real
+
+    def per(self, calls: int) -> str:
+        """The counts per call, by entry point, and their total."""
+        total = sum(self.counts.values()) / calls
+        each = ", ".join(f"{k} {v / calls:.2g}" for k, v in sorted(self.counts.items()))
+        return f"{total:.3g} ({each})"
 
 
 def _install_fake_nccl() -> None:

@@ -448,3 +448,70 @@ async def test_two_gpus_warm_calls_in_one_step_see_every_earlier_write() -> None
                 assert same(await read, want), step
             await done
             await gather
+
+
+@pytest.mark.cuda
+@two_gpus
+async def test_two_gpus_a_warm_call_switches_twice_and_leaves_the_callers_context() -> None:
+    """Warm, an awaited call in one step makes two ``cuCtxSetCurrent`` through either
+    route (to the second device for its side, back to the first: NCCL needs none and,
+    after its group, leaves current the context current before it, which is asked of
+    the driver), the first client's context current after the call and after the await
+    (the driver's answer and the mark agree), and each await is one look at its call's
+    events (the device given the time to pass them); the result is right. (A call whose
+    kind NCCL issued slowly last time takes the commands' route: not counted.)"""
+    _need_nccl()
+    from asynccube._core.cuda import driver
+    from asynccube._core.cuda.native import hotpath
+
+    n = 1 << 14
+    async with clients("cuda:0", "cuda:1") as cs:
+        hs = [c.create(np.full(n, i + 1, np.float32)) for i, c in enumerate(cs)]
+        pairs = list(zip(cs, hs, strict=True))
+        for _ in range(3):
+            await ac.all_reduce(pairs, "float32")
+        first = cs[0].server._ctx.context
+        switches: list[Any] = []
+        module, hot_set = driver._module, hotpath.hot.ctx_set
+
+        class Counted:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(module, name)
+
+            def cuCtxSetCurrent(self, ctx: Any) -> Any:
+                switches.append(ctx)
+                return module.cuCtxSetCurrent(ctx)
+
+        def counted_set(ctx: Any) -> Any:
+            switches.append(ctx)
+            return hot_set(ctx)
+
+        def current() -> int:
+            return int(driver.check(module.cuCtxGetCurrent(), "cuCtxGetCurrent"))
+
+        driver._module = Counted()
+        hotpath.hot.ctx_set = counted_set
+        counted = 0
+        try:
+            for _ in range(10):
+                cs[0]._channel.activate()  # as after a call in one step (a route's may not)
+                switches.clear()
+                looks = cs[0]._fast_sync.hits
+                done = ac.all_reduce(pairs, "float32")
+                one_step = done._settle is not None  # type: ignore[attr-defined]
+                called = current()
+                await anyio.sleep(0.002)  # the device passes it: the await's one look
+                await done
+                if one_step:
+                    counted += 1
+                    assert called == int(first)
+                    assert current() == int(first) and driver._tls.context is first
+                    assert len(switches) == 2, switches
+                    assert cs[0]._fast_sync.hits == looks + 1
+        finally:
+            driver._module = module
+            hotpath.hot.ctx_set = hot_set
+        assert counted >= 5, counted
+        want = np.full(n, 3 * 2**12, np.float32)  # 3 after the first call, then doubled
+        for c, h in pairs:
+            assert same(await c.read_array(h, np.float32), want)

@@ -16,7 +16,16 @@ import pytest
 from .conftest import native_module
 
 SCRIPT = "fast_collective_scenario.py"
-SCENARIOS = ("one_step", "queued_calls", "busy_route", "failure_held")
+SCENARIOS = (
+    "one_step",
+    "two_switches_a_call",
+    "nccl_moves_the_context",
+    "await_falls_back",
+    "dropped_buffer_kept",
+    "queued_calls",
+    "busy_route",
+    "failure_held",
+)
 
 
 @pytest.mark.timeout(120)

@@ -7,7 +7,8 @@ into each), ``ac.broadcast`` (one client's buffer copied into every other's),
 Everything is checked (:mod:`.collective_checks`) and queued at the call, on the
 calling task's stream of every client; the returned awaitable completes once the
 result is in every buffer (a ``sync`` of each client, through the completion
-machinery: the loop never blocks), and raises what failed there. Later commands of the
+machinery: the loop never blocks; for a collective run in one step, one look at the
+events the call recorded), and raises what failed there. Later commands of the
 same task on each client come after the collective without awaiting it. Not awaited,
 it warns like any client awaitable, and each client's failure stays held for that
 client's stream (its next awaited call raises it).
@@ -44,7 +45,7 @@ from .collective_checks import (
     entries,
     one_size,
 )
-from .nccl_reduce import Rank, nccl_run
+from .nccl_reduce import Rank, Settle, given_back, nccl_run
 from .staged_reduce import Staged, reduce_arrays, staged_run
 
 __all__ = ["DTYPES", "ReduceOp", "all_gather", "all_reduce", "broadcast", "reduce_scatter"]
@@ -79,13 +80,14 @@ def all_reduce(
     n = check_count(name, count, tname, _whole(name, size, kind), kind.itemsize)
     path = _nccl_path(clients, tname)
     stream = StreamId.current()
+    settle: Settle | None = None
     if path is not None and n:
         ranks: list[Rank] = [(c, (b,), (b,)) for c, b in checked]
 
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
             cuda.issue(comms, sides, n, tname, reduce)
 
-        nccl_run(ranks, issue, path, name, (name, tname, reduce, n.bit_length()), stream)
+        settle = nccl_run(ranks, issue, path, name, (name, tname, reduce, n.bit_length()), stream)
     elif n and len(checked) > 1:
         nbytes = n * kind.itemsize
 
@@ -94,7 +96,7 @@ def all_reduce(
 
         reads = [(c, b, nbytes) for c, b in checked]
         staged_run(Staged(reads, checked, compute, nbytes * len(checked), name))
-    return _Collective(clients, _origin(), name, stream)
+    return _Collective(clients, _origin(), name, stream, settle)
 
 
 def broadcast(
@@ -125,6 +127,7 @@ def broadcast(
     nbytes = check_count(name, count, "bytes", size, 1)
     path = _nccl_path(clients, "uint8")
     stream = StreamId.current()
+    settle: Settle | None = None
     if path is not None and nbytes:
         ranks: list[Rank] = [
             (c, (b,), () if i == root else (b,)) for i, (c, b) in enumerate(checked)
@@ -133,7 +136,7 @@ def broadcast(
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
             cuda.broadcast(comms, sides, nbytes, root)
 
-        nccl_run(ranks, issue, path, name, (name, root, nbytes.bit_length()), stream)
+        settle = nccl_run(ranks, issue, path, name, (name, root, nbytes.bit_length()), stream)
     elif nbytes and len(checked) > 1:
 
         def compute(arrays: list[Any]) -> list[Any]:
@@ -143,7 +146,7 @@ def broadcast(
         reads = [(checked[root][0], checked[root][1], nbytes)]
         writes = [(c, None if i == root else b) for i, (c, b) in enumerate(checked)]
         staged_run(Staged(reads, writes, compute, 0, name))
-    return _Collective(clients, _origin(), name, stream)
+    return _Collective(clients, _origin(), name, stream, settle)
 
 
 def all_gather(
@@ -167,13 +170,14 @@ def all_gather(
     _outputs(name, checked, n * chunk, f"{n} x {chunk}")
     path = _nccl_path(clients, "uint8")
     stream = StreamId.current()
+    settle: Settle | None = None
     if path is not None and chunk:
         ranks: list[Rank] = [(c, (i, o), (o,)) for c, i, o in checked]
 
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
             cuda.all_gather(comms, sides, chunk)
 
-        nccl_run(ranks, issue, path, name, (name, chunk.bit_length()), stream)
+        settle = nccl_run(ranks, issue, path, name, (name, chunk.bit_length()), stream)
     elif chunk:
 
         def compute(arrays: list[Any]) -> list[Any]:
@@ -183,7 +187,7 @@ def all_gather(
         reads = [(c, i, chunk) for c, i, _ in checked]
         writes = [(c, o) for c, _, o in checked]
         staged_run(Staged(reads, writes, compute, n * chunk, name))
-    return _Collective(clients, _origin(), name, stream)
+    return _Collective(clients, _origin(), name, stream, settle)
 
 
 def reduce_scatter(
@@ -219,13 +223,15 @@ def reduce_scatter(
     count = chunk // kind.itemsize
     path = _nccl_path(clients, tname)
     stream = StreamId.current()
+    settle: Settle | None = None
     if path is not None and count:
         ranks: list[Rank] = [(c, (i, o), (o,)) for c, i, o in checked]
 
         def issue(cuda: Any, comms: Any, sides: list[Any]) -> None:
             cuda.reduce_scatter(comms, sides, count, tname, reduce)
 
-        nccl_run(ranks, issue, path, name, (name, tname, reduce, count.bit_length()), stream)
+        key = (name, tname, reduce, count.bit_length())
+        settle = nccl_run(ranks, issue, path, name, key, stream)
     elif count:
 
         def compute(arrays: list[Any]) -> list[Any]:
@@ -235,7 +241,7 @@ def reduce_scatter(
         reads = [(c, i, size) for c, i, _ in checked]
         writes = [(c, o) for c, _, o in checked]
         staged_run(Staged(reads, writes, compute, n * size, name))
-    return _Collective(clients, _origin(), name, stream)
+    return _Collective(clients, _origin(), name, stream, settle)
 
 
 def _whole(name: str, size: int, kind: np.dtype[Any]) -> int:
@@ -286,31 +292,50 @@ def _origin() -> tuple[str, int]:
 class _Collective:
     """What a collective returns. Awaiting it syncs each client (for the stream of the
     call: :meth:`_sync`) and awaits them in turn, raising the first failure (the others
-    attached as notes). Never awaited, it warns, as any client awaitable does, and each
-    client's failure stays held for that client's stream: its next awaited call there
-    raises it."""
+    attached as notes). A collective run in one step (:mod:`.nccl_reduce`) recorded an
+    event after it on each client's streams with work not known done: awaited from the
+    calling task, with no failure held on any client, one look at those events settles
+    it (one future: ``FastSync.collective``; the work the call was issued behind is done,
+    work issued since is left to its own await), every client's sync otherwise. Never
+    awaited, it warns, as any client awaitable does, and each client's failure stays held
+    for that client's stream: its next awaited call there raises it."""
 
-    __slots__ = ("_awaited", "_clients", "_futures", "_name", "_origin", "_stream")
+    __slots__ = ("_awaited", "_clients", "_futures", "_name", "_origin", "_settle", "_stream")
 
     def __init__(
-        self, clients: list[ComputeClient], origin: tuple[str, int], name: str, stream: StreamId
+        self,
+        clients: list[ComputeClient],
+        origin: tuple[str, int],
+        name: str,
+        stream: StreamId,
+        settle: Settle | None = None,
     ) -> None:
         self._clients = clients
         self._stream = stream
         self._origin = origin
         self._name = name
+        self._settle = settle
         self._futures: list[asyncio.Future[None]] | None = None
         self._awaited = False
 
     def __await__(self) -> Generator[Any, None, None]:
         if self._futures is None:
             self._awaited = True  # no warning, even where a client closed since the call
-            for client in self._clients:  # raised before any sync is made
-                client._channel.check()
-            own = StreamId.current() == self._stream
-            self._futures = [self._sync(c, own) for c in self._clients]
-            for fut in self._futures[1:]:  # awaited in turn: a cancel stops at the first
-                fut.add_done_callback(_looked_at)
+            settle, self._settle = self._settle, None
+            try:
+                for client in self._clients:  # raised before any sync is made
+                    client._channel.check()
+                own = StreamId.current() == self._stream
+                done = _one_look(settle) if own and settle is not None else None
+            finally:
+                if settle is not None:
+                    given_back(settle)
+            if done is not None:
+                self._futures = [done]
+            else:
+                self._futures = [self._sync(c, own) for c in self._clients]
+                for fut in self._futures[1:]:  # awaited in turn: a cancel stops at the first
+                    fut.add_done_callback(_looked_at)
         return self._wait(self._futures).__await__()
 
     def _sync(self, client: ComputeClient, own: bool) -> asyncio.Future[None]:
@@ -337,6 +362,9 @@ class _Collective:
             raise combine(errors, "also failed on another client")
 
     def __del__(self) -> None:
+        settle = getattr(self, "_settle", None)
+        if settle is not None:
+            given_back(settle)
         if not getattr(self, "_awaited", True):
             filename, line = self._origin
             warnings.warn(
@@ -345,6 +373,18 @@ class _Collective:
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+
+def _one_look(settle: Settle) -> asyncio.Future[None] | None:
+    """The one-step collective's events all reached, at one look: a future that awaiting
+    suspends once (see :class:`_Collective`); else None."""
+    parts = []
+    for client, events, marks in settle:
+        fast = client._fast_sync
+        if fast is None or client._graph_registry is not None:
+            return None
+        parts.append((fast, events, marks))
+    return parts[0][0].collective(parts)  # type: ignore[no-any-return]
 
 
 def _looked_at(fut: asyncio.Future[None]) -> None:

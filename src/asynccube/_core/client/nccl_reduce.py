@@ -19,9 +19,16 @@ with nothing queued or guarded, no buffer tainted, the communicators made, and a
 of call NCCL issued fast last time with nothing on the set's issue thread. The whole
 collective then runs at the call, on the calling thread, through the first client's
 ``Channel.send`` (as ``to_client``'s peer copy runs both sides at once): every side
-prepared with its device current, the group issued in place, every buffer held until
-its stream passes the collective; no future, no command per client. Each client's
-stream sees the same order the commands would give it: nothing was queued before.
+prepared with its device current, the group issued in place (under the last client's
+context: NCCL needs none), then each client's pending streams flushed to one event each,
+the last client first (the other clients' batch ends run there and then, their device
+current: none is left for the loop iteration's end), the first client's context current
+again at the end; no future, no command per client. Each client's stream sees the same
+order the commands would give it: nothing was queued before. No buffer is held: each
+one's last use is the collective (:func:`~..cuda.collective.prepare` stamped it before
+the group was issued), so a handle dropped from now on keeps its slice until its stream
+passes it. The events let the awaitable settle in one look (:meth:`FastSync.collective
+<..cuda.fast_sync.FastSync.collective>`); :data:`Settle` is what it is given.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from .staged_reduce import failed
 if TYPE_CHECKING:
     from .client import ComputeClient
 
-__all__ = ["Rank", "nccl_run"]
+__all__ = ["Rank", "Settle", "given_back", "nccl_run"]
 
 Rank = tuple["ComputeClient", tuple[Binding, ...], tuple[Binding, ...]]
 """One client's part: (client, the buffers its call binds, first one first; those of
@@ -48,6 +55,10 @@ Issue = Callable[[Any, Any, list[tuple[Any, Any]]], None]
 communicator set, [(server, prepared side), ...] in rank order)``."""
 Outcome = tuple[BaseException | None, bool]
 """(the error, or None; whether the buffers may have been touched: tainted then)."""
+Settle = list[tuple["ComputeClient", list[Any], list[tuple[Any, int]]]]
+"""A one-step collective's events, for its awaitable: each client, the events recorded
+after the collective on its streams with work not known done, and their marks (each
+stream wrapper with its cursor then)."""
 
 
 _collective: Any = None
@@ -95,15 +106,17 @@ def nccl_run(
     what: str,
     key: Hashable | None = None,
     stream: StreamId | None = None,
-) -> None:
+) -> Settle | None:
     """Queue the collective ``what`` over NCCL on every client (see above). ``key``:
     its kind (the collective, type, operation and size class: calls of one kind take
     the same path in NCCL), or None to always issue on the set's thread; ``stream``:
-    the caller's (None: looked up)."""
+    the caller's (None: looked up). Returns the one step's events (:data:`Settle`), or
+    None (the commands' route, or no events: the awaitable syncs each client)."""
     if stream is None:
         stream = StreamId.current()
-    if _run_now(ranks, issue, what, key, stream):
-        return
+    settle: list[Settle] = []
+    if _run_now(ranks, issue, what, key, stream, settle):
+        return settle[0] if settle else None
     first = ranks[0][0]
     job = _Job(ranks, issue, path, what, first, key, stream)
     for i, (client, _, _) in enumerate(ranks):
@@ -111,13 +124,20 @@ def nccl_run(
     first._channel.send(_issue_when_prepared, first, job)
     for i, (client, _, _) in enumerate(ranks):
         client._channel.send(_after_issue, job, i)
+    return None
 
 
 def _run_now(
-    ranks: Sequence[Rank], issue: Issue, what: str, key: Hashable | None, stream: StreamId
+    ranks: Sequence[Rank],
+    issue: Issue,
+    what: str,
+    key: Hashable | None,
+    stream: StreamId,
+    settle: list[Settle],
 ) -> bool:
     """Run the whole collective now, in one step (see above), if it may: True once done
-    (its failure held on every client), False for the commands' route."""
+    (its failure held on every client; ``settle`` given its events), False for the
+    commands' route."""
     for client, bindings, _ in ranks:
         channel = client._channel
         if not channel.quiet() or not channel.can_run_now():
@@ -129,7 +149,7 @@ def _run_now(
     comms = cuda.cached([c.server for c, _, _ in ranks])
     if comms is None or not comms.inline_ready(key):
         return False
-    ranks[0][0]._channel.send(_now, ranks, issue, what, key, comms, cuda, stream)
+    ranks[0][0]._channel.send(_now, ranks, issue, what, key, comms, cuda, stream, settle)
     return True
 
 
@@ -141,11 +161,12 @@ def _now(
     comms: Any,
     cuda: Any,
     stream: StreamId,
+    settle: list[Settle],
 ) -> None:
     """The whole collective, run by the first client's ``send`` at once (its device
-    current): every side prepared, the group issued in place, every buffer held. Never
-    raises (the channel would die): failures are held as the route's after steps hold
-    them."""
+    current): every side prepared, the group issued in place, each client's pending
+    streams flushed (:func:`_flushed`). Never raises (the channel would die): failures
+    are held as the route's after steps hold them."""
     sides: list[Any] = []
     try:
         for i, (client, bindings, _) in enumerate(ranks):
@@ -166,9 +187,56 @@ def _now(
     if not ran:  # the set is being destroyed (a client closing): as the route does
         _hand_over(ranks, issue, what, key, comms, sides, stream)
         return
-    for (client, bindings, _), side in zip(ranks, sides, strict=True):
-        cuda.finish(client.server, side, bindings)
-    _ended(ranks)
+    flushed = _flushed(ranks)
+    if flushed is not None:
+        settle.append(flushed)
+
+
+def _flushed(ranks: Sequence[Rank]) -> Settle | None:
+    """After the group: each client's streams with work not known done flushed to an
+    event each, the last client first (its context is the one NCCL left current), each
+    other client's batch end run there and then (its device current); the first
+    client's context current at the end, as the caller had it. None where a flush
+    failed (the awaitable then syncs each client, which meets that error again)."""
+    out: Settle = []
+    ok = all(c._fast_sync is not None for c, _, _ in ranks)  # CUDA servers' streams
+    for client, _, _ in reversed(ranks):
+        channel = client._channel
+        channel.activate()  # a switch only where another context is current
+        if ok:
+            try:
+                server: Any = client.server  # a CUDA server's (FastSync above)
+                events, marks = server._streams.flush_pending()
+                out.append((client, events, marks))
+            except Exception:  # a driver error: met again by the sync
+                ok = False
+        if client is not ranks[0][0]:
+            _end_batch_here(channel)
+    if ok:
+        return out[::-1]
+    given_back(out)
+    return None
+
+
+def _end_batch_here(channel: Any) -> None:
+    """The batch end the loop iteration's end would run for ``channel``, run now (its
+    device current): nothing is left for a switch to its device later."""
+    try:
+        channel.server.end_batch()
+    except Exception:  # the loop's batch end meets it again (as without this step)
+        channel.ran_inline()
+        return
+    if channel._stop:  # a stopping actor is woken to see it
+        channel.ran_inline()
+
+
+def given_back(settle: Settle) -> None:
+    """Return a :data:`Settle`'s events to their servers' pools."""
+    for client, events, _ in settle:
+        server: Any = client.server
+        give = server._events.give
+        for event in events:
+            give(event)
 
 
 def _ended(ranks: Sequence[Rank]) -> None:

@@ -38,7 +38,7 @@ from ..errors import CollectiveError
 from ..values.stream_id import StreamId
 from ..values.types import Binding
 from . import nccl
-from .driver import forget_current
+from .driver import adopt_current, forget_current
 
 if TYPE_CHECKING:
     from .server import CudaServer
@@ -149,6 +149,12 @@ class Comms:
         self.lib = lib
         self._servers = [weakref.ref(s) for s in servers]
         self.by_server = {id(s): c for s, c in zip(servers, comms, strict=True)}
+        self.contexts = tuple(
+            c
+            for c in (getattr(getattr(s, "context", None), "context", None) for s in servers)
+            if c is not None
+        )
+        """The servers' contexts, one of which NCCL leaves current after a group."""
         self.destroyed = False
         self.thread = IssueThread()
         self._fast: set[Hashable] = set()
@@ -299,7 +305,14 @@ def group(comms: Comms, calls: Sequence[tuple[Any, Side, Call]]) -> None:
     """Every rank's call in one NCCL group: ``calls`` gives each server its
     :func:`prepare` result and its call. The group is always closed; the first failure
     is raised (:class:`~asynccube.CollectiveError`, NCCL's words). Run it on the set's
-    issue thread (:meth:`Comms.submit`): NCCL makes each device current there."""
+    issue thread (:meth:`Comms.submit`), or in place (:meth:`Comms.run_inline`).
+
+    No context is made current for a call: NCCL's group calls need none ("no need to set
+    the CUDA device before every NCCL communication call within a group": each
+    communicator of ``ncclCommInitAll`` knows its device, and NCCL makes each device
+    current itself). It then makes the device current before the group current again
+    (on success, in the versions read): the context current afterwards is asked of the
+    driver, not assumed (:func:`.driver.adopt_current`)."""
     lib = comms.lib
     lib.group_start()
     failed: BaseException | None = None
@@ -311,12 +324,14 @@ def group(comms: Comms, calls: Sequence[tuple[Any, Side, Call]]) -> None:
     try:
         lib.group_end()
     except BaseException as exc:
-        forget_current()
+        forget_current()  # a failed group may leave any device current
         if failed is None:
             raise
         failed.add_note(f"and then ncclGroupEnd failed: {exc}")
-    forget_current()  # NCCL made each device current in turn, in this thread
+    else:
+        adopt_current(comms.contexts)  # NCCL made each device current in turn
     if failed is not None:
+        forget_current()
         raise failed
 
 

@@ -10,6 +10,7 @@ function here is called, and :func:`driver_available` never raises.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -21,6 +22,7 @@ __all__ = [
     "ALIGNMENT",
     "STICKY_ERRORS",
     "DeviceContext",
+    "adopt_current",
     "check",
     "cu",
     "device_properties",
@@ -162,6 +164,25 @@ def forget_current() -> None:
     """The calling thread's current context was changed behind this module's back (NCCL
     sets each device current in turn): the next :func:`set_current` makes the call."""
     _tls.context = None
+
+
+def adopt_current(contexts: Iterable[Any]) -> None:
+    """After a library that changes the current context itself (NCCL: each device in
+    turn, then, in the versions read, the device current before its group again): ask
+    the driver which context is current now (``cuCtxGetCurrent``: a lookup, no switch)
+    and note it where it is one of ``contexts``, else forget it (as
+    :func:`forget_current`): the next :func:`set_current` makes the call only where it
+    must."""
+    contexts = tuple(contexts)
+    _tls.context = None  # unknown until the driver says
+    if not contexts:
+        return
+    try:
+        err, now = cu().cuCtxGetCurrent()
+    except Exception:  # the answer is unknown: the next set_current makes the call
+        return
+    known = int(now or 0) if not int(err) else 0
+    _tls.context = next((c for c in contexts if known and int(c) == known), None)
 
 
 def list_devices() -> list[str]:

@@ -24,8 +24,13 @@ polled for up to 30 µs (``ForeignOps.foreign_done``); done, a done future (the 
 inline spin returns one too: awaiting it does not suspend, nothing having to unwind
 first); else None, and the route waits (or raises the event's error).
 
-Plain Python over the hot path's ``stream_query``: the same code for the compiled
-module and its twin.
+``FastSync.collective(parts)`` settles the await of a collective run in one step
+(``client/nccl_reduce.py``) the same way, for all its clients at once: the events the
+call recorded after it on each client's pending streams, polled for up to 30 µs from any
+context (no switch to each client's device), then one future.
+
+Plain Python over the hot path's ``stream_query`` and ``event_query``: the same code for
+the compiled module and its twin.
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ class FastSync:
             return None
         server = self._server
         server._collect()
-        marks = [(w, w.cursor) for _, w in server._streams.streams.existing() if w.cursor != w.done]
+        marks = _pending(server)
         fut = self._new_future()  # made now, while the device may still run
         watcher = self._channel.watcher
         if marks and not _done(_all_done(marks), watcher):  # cuStreamQuery, a short spin
@@ -104,7 +109,38 @@ class FastSync:
         self.foreign_hits += 1
         return fut
 
-    def _ready(self) -> bool:
+    def collective(self, parts: list[tuple[FastSync, list[Any], list[Any]]]) -> Any:
+        """The await of a collective issued in one step (``client/nccl_reduce.py``):
+        ``parts`` gives each client's ``FastSync`` (this one first), the events recorded
+        after the collective on that client's streams with work not known done then, and
+        their marks (the streams' cursors then). On every client's conditions above, its
+        context aside (an event is queried from any context): the events polled for up
+        to ``SPIN_S``; all reached, every stream marked done up to its mark (work issued
+        since is not waited for: its own await does) and one future, on this client's
+        channel, that awaiting suspends exactly once. Else None: each client's sync takes
+        it (the events are the caller's to give back either way)."""
+        for fast, _, _ in parts:
+            if not fast._ready(anywhere=True):
+                self.declined += 1
+                return None
+        fut = self._new_future()
+        events = [e for _, evs, _ in parts for e in evs]
+        status = _events_done(events) if events else 0
+        if status:
+            fut._ac_seen = True  # type: ignore[attr-defined]  # never returned: no warning
+            for fast, _, _ in parts:
+                _done(status, fast._channel.watcher)
+            self.declined += 1
+            return None
+        for fast, _, marks in parts:
+            fast._server._streams.mark_done(marks)
+        c = self._channel
+        settle_soon(fut, c._later)  # awaiting it suspends exactly once (see settle_soon)
+        c.ran_inline()  # (the end of the inline batch is its backstop)
+        self.hits += 1
+        return fut
+
+    def _ready(self, anywhere: bool = False) -> bool:
         c = self._channel
         if c.state is not self._open or c.guard is not None or not c.idle():
             return False
@@ -112,7 +148,29 @@ class FastSync:
             return False
         if _get_running_loop() is not c.loop and (self._on_loop is None or not self._on_loop()):
             return False
-        return getattr(driver._tls, "context", None) is self._context
+        return anywhere or getattr(driver._tls, "context", None) is self._context
+
+
+def _pending(server: Any) -> list[tuple[Any, int]]:
+    """The server's streams with work not known done, with their cursors (the marks of
+    ``MultiStream.flush_pending``)."""
+    return [(w, w.cursor) for _, w in server._streams.streams.existing() if w.cursor != w.done]
+
+
+def _events_done(events: list[Any]) -> int:
+    """Poll ``events`` for up to ``SPIN_S`` (``cuEventQuery``, valid from any context):
+    0 once all are reached, else the last status (``CUDA_ERROR_NOT_READY`` once the spin
+    ran out, or an event's error)."""
+    end = time.perf_counter() + SPIN_S
+    query = hot.event_query
+    for event in events:
+        while True:
+            err = int(query(event))
+            if err == 0:
+                break
+            if err != _NOT_READY or time.perf_counter() >= end:
+                return err
+    return 0
 
 
 def _done(status: int, watcher: CompletionWatcher) -> bool:

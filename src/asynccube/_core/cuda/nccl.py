@@ -174,50 +174,51 @@ class Nccl:
 
     def group_start(self) -> None:
         """``ncclGroupStart``."""
-        self._check(self._lib.ncclGroupStart(), "ncclGroupStart")
+        res = self._lib.ncclGroupStart()
+        if res:
+            raise error(self, res, "ncclGroupStart")
 
     def group_end(self) -> None:
         """``ncclGroupEnd``: the grouped calls are queued on their streams."""
-        self._check(self._lib.ncclGroupEnd(), "ncclGroupEnd")
+        res = self._lib.ncclGroupEnd()
+        if res:
+            raise error(self, res, "ncclGroupEnd")
+
+    # The collectives pass plain ints: the ``c_void_p`` argtypes convert them (no
+    # ``c_void_p`` object made per argument, no call to check a success).
 
     def all_reduce(self, ptr: int, count: int, dtype: int, op: int, comm: int, stream: int) -> None:
         """``ncclAllReduce`` in place (send = recv = ``ptr``) on ``stream``."""
-        p = ctypes.c_void_p(ptr)
-        res = self._lib.ncclAllReduce(p, p, count, dtype, op, ctypes.c_void_p(comm), stream)
-        self._check(res, "ncclAllReduce")
+        res = self._lib.ncclAllReduce(ptr, ptr, count, dtype, op, comm, stream)
+        if res:
+            raise error(self, res, "ncclAllReduce")
 
     def broadcast(
         self, send: int, recv: int, count: int, dtype: int, root: int, comm: int, stream: int
     ) -> None:
         """``ncclBroadcast`` of ``count`` elements from rank ``root``'s ``send`` into
         every rank's ``recv`` (in place where they are equal) on ``stream``."""
-        c_void_p = ctypes.c_void_p
-        res = self._lib.ncclBroadcast(
-            c_void_p(send), c_void_p(recv), count, dtype, root, c_void_p(comm), stream
-        )
-        self._check(res, "ncclBroadcast")
+        res = self._lib.ncclBroadcast(send, recv, count, dtype, root, comm, stream)
+        if res:
+            raise error(self, res, "ncclBroadcast")
 
     def all_gather(
         self, send: int, recv: int, count: int, dtype: int, comm: int, stream: int
     ) -> None:
         """``ncclAllGather``: ``count`` elements of each rank's ``send`` land at
         ``rank * count`` of every rank's ``recv``, on ``stream``."""
-        c_void_p = ctypes.c_void_p
-        res = self._lib.ncclAllGather(
-            c_void_p(send), c_void_p(recv), count, dtype, c_void_p(comm), stream
-        )
-        self._check(res, "ncclAllGather")
+        res = self._lib.ncclAllGather(send, recv, count, dtype, comm, stream)
+        if res:
+            raise error(self, res, "ncclAllGather")
 
     def reduce_scatter(
         self, send: int, recv: int, count: int, dtype: int, op: int, comm: int, stream: int
     ) -> None:
         """``ncclReduceScatter``: rank i's ``recv`` (``count`` elements) gets the
         reduction of chunk i of every rank's ``send``, on ``stream``."""
-        c_void_p = ctypes.c_void_p
-        res = self._lib.ncclReduceScatter(
-            c_void_p(send), c_void_p(recv), count, dtype, op, c_void_p(comm), stream
-        )
-        self._check(res, "ncclReduceScatter")
+        res = self._lib.ncclReduceScatter(send, recv, count, dtype, op, comm, stream)
+        if res:
+            raise error(self, res, "ncclReduceScatter")
 
     def error_string(self, code: int) -> str:
         """NCCL's words for ``code``."""
