@@ -48,13 +48,15 @@ held for any stream (the route raises it) and a spare pinned buffer of that size
 is kept after the route's first read of the size). It queues the copy, then:
 
 * when other tasks are ready to run, it defers (issue 38: concurrency pays; after a
-  first spin of ``DEFER_AFTER_S``, none by default): the caller suspends, and ``fast.sweep``, one loop callback an iteration for every read
-  waiting so, settles each read the device is done with (a stream query: the copy is
-  the stream's last work while its cursor has not moved), so the loop runs the other
-  tasks' work while the device copies. "Ready" is asyncio's ready queue holding more
-  than the channel's end of batch; on another asyncio loop (uvloop, whose queue is not
-  visible) reads defer while others wait or after a sweep that settled several, and
-  one read in 32 defers to find other tasks; under trio they never defer;
+  first spin of ``DEFER_AFTER_S``, none by default): the caller suspends, and
+  ``fast.sweep``, one loop callback an iteration for every read waiting so, settles
+  each read the device is done with (a stream query while the stream's cursor has not
+  moved: the copy is its last work; else once a later read there marked the stream
+  done past it), so the loop runs the other tasks' work while the device copies.
+  "Ready" is asyncio's ready queue holding more than the channel's end of batch; on
+  another asyncio loop (uvloop, whose queue is not visible) reads defer while others
+  wait or after a sweep that settled several, and one read in 32 defers to find other
+  tasks; under trio they never defer;
 * else it polls the stream for up to 30 µs, as the completion watcher's first spin
   does: a short read's future is resolved before it is returned, so awaiting it does
   not suspend.
