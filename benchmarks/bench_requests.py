@@ -309,6 +309,14 @@ def cupy_peer(device: str, work: Work, streams: bool) -> Callable[[bytes], Any]:
         kern(grid, block, (x, y, n))
         return y.get()
 
+    return cupy_calls(gpu, one, streams)
+
+
+def cupy_calls(gpu: Any, one: Callable[[bytes], Any], streams: bool) -> Callable[[bytes], Any]:
+    """``one`` called on ``gpu`` from the calling thread (``gpu.use()``), or with
+    ``streams`` on a non-blocking stream of each worker thread's own."""
+    import cupy as cp
+
     if not streams:
         gpu.use()  # the calling thread's device, as a one-GPU program has it
         return one

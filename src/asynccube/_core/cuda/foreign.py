@@ -29,7 +29,6 @@ when its :class:`~..server.foreign.ForeignWork` is dropped.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ..errors import CudaDriverError, ForeignStreamError
@@ -37,7 +36,7 @@ from ..server.foreign import DEFAULT_STREAMS, ForeignWork
 from ..values.stream_id import StreamId
 from .completion import CudaCompletion
 from .driver import check, cu, error_from
-from .native.hotpath import hot
+from .native.hotpath import hot, poll_events
 from .state import ServerCore
 
 __all__ = ["ForeignOps"]
@@ -129,14 +128,9 @@ class ForeignOps(ServerCore):
         event = work.captured
         if event is None:
             return 0  # an event never recorded: nothing to wait for
-        query = hot.event_query
-        end = time.perf_counter() + spin
-        while True:
-            err = int(query(event))
-            if err == 0:
-                break
-            if err != _NOT_READY or time.perf_counter() >= end:
-                return err
+        err = poll_events([event], spin)
+        if err:
+            return err
         work.take()
         self._events.give(event)
         return 0

@@ -167,7 +167,8 @@ typedef struct {
     PyObject *deferred, *ready, *pending_set, *sweep_cb, *read_miss;
     int defer_mode, sweep_scheduled;
     long crowd, since_defer;
-    double spin_first; /* a read polls this long before it may defer */
+    long since_spin;
+    double spin_avg, defer_above; /* the recent spins' average; defer from this */
     unsigned long long d_hits, d_later;
     /* set_pointers(): the server's _ptr, asked for an address not cached yet (NULL until
      * then: such a buffer is left to the route) */

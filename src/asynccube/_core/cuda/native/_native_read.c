@@ -32,6 +32,7 @@
 #define READ_SPARE_BYTES (4L << 20)
 #define PROBE_EVERY 32        /* mode 2: a read in this many defers, to find other tasks */
 #define SWEEP_WAITING 2       /* a sweep stops querying after this many not done */
+#define SPIN_WEIGHT 8.0       /* spin_avg: each spin counts this much less than the sum */
 
 /* A deferred read's entry (a tuple): what sweep() and later() need. */
 enum { E_FUT, E_BUF, E_HOST, E_NBYTES, E_WRAPPER, E_CURSOR, E_STREAM, E_STVAL, E_SID,
@@ -99,18 +100,18 @@ static int mark_done(Refs *r, PyObject *wrapper, PyObject *cursor) {
     return behind <= 0 ? behind : set_attr(wrapper, N_DONE, cursor);
 }
 
-/* set_defer(ready, pending, miss, first): ready is asyncio's ready deque (mode 1), True (another
+/* set_defer(ready, pending, miss, above): ready is asyncio's ready deque (mode 1), True (another
  * asyncio loop, uvloop's: mode 2) or None (never defer: trio's, whose runner the route
  * does not see); pending is the channel's set of futures not settled yet; miss(n) a new
- * pinned buffer when every spare of size n is out (None: the route reads); first: the
- * seconds a read polls before it may defer. */
+ * pinned buffer when every spare of size n is out (None: the route reads); above: reads
+ * defer only while recent spins averaged at least this many seconds (f->spin_avg). */
 PyObject *fast_set_defer(PyObject *self, PyObject *args) {
     FastLaunch *f = (FastLaunch *)self;
     PyObject *ready, *pending, *miss;
-    double first = 0;
-    if (!PyArg_ParseTuple(args, "OOOd:set_defer", &ready, &pending, &miss, &first)) return NULL;
-    if (!(first >= 0 && first <= SPIN_S))
-        return bad("set_defer's first spin must be in [0, %g] seconds, got %g", SPIN_S, first);
+    double above = 0;
+    if (!PyArg_ParseTuple(args, "OOOd:set_defer", &ready, &pending, &miss, &above)) return NULL;
+    if (!(above >= 0 && above <= SPIN_S))
+        return bad("set_defer's threshold must be in [0, %g] seconds, got %g", SPIN_S, above);
     if (!PySet_Check(pending) || !PyCallable_Check(miss))
         return bad("set_defer needs the channel's set of futures and a callable");
     int mode = ready == Py_None ? 0 : ready == Py_True ? 2 : 1;
@@ -123,7 +124,7 @@ PyObject *fast_set_defer(PyObject *self, PyObject *args) {
     Py_XSETREF(f->pending_set, Py_NewRef(pending));
     Py_XSETREF(f->read_miss, Py_NewRef(miss));
     f->defer_mode = mode;
-    f->spin_first = first;
+    f->defer_above = above;
     Py_RETURN_NONE;
 }
 
@@ -132,10 +133,10 @@ PyObject *fast_defer_stats(PyObject *self, void *unused) {
     return Py_BuildValue("(KK)", f->d_hits, f->d_later);
 }
 
-/* Whether this read defers (see the header): reads wait already, or other tasks are
- * ready (asyncio: the ready queue holds more than the channel's end of batch). */
-static int should_defer(FastLaunch *f, Plan *p) {
-    if (f->defer_mode == 0) return 0;
+/* Whether other tasks may run while this read waits: reads wait already, or tasks are
+ * ready (asyncio: the ready queue holds more than the channel's end of batch; another
+ * loop: the last sweep settled several, or one read in PROBE_EVERY). */
+static int others_ready(FastLaunch *f, Plan *p) {
     if (PyList_GET_SIZE(f->deferred) > 0) return 1;
     if (f->defer_mode == 1) {
         Py_ssize_t n = PyObject_Size(f->ready);
@@ -149,6 +150,17 @@ static int should_defer(FastLaunch *f, Plan *p) {
     return ++f->since_defer >= PROBE_EVERY;
 }
 
+/* Whether this read defers (see the header): other tasks may run, and the reads that
+ * spun lately waited long (a suspension costs about what a short spin does); one read
+ * in PROBE_EVERY spins anyway, to see whether they still would. */
+static int should_defer(FastLaunch *f, Plan *p) {
+    if (f->defer_mode == 0 || !others_ready(f, p)) return 0;
+    if (f->spin_avg < f->defer_above) return 0;
+    if (f->defer_above <= 0 || ++f->since_spin < PROBE_EVERY) return 1;
+    f->since_spin = 0;
+    return 0;
+}
+
 /* Queue the entry of a read issued on p's stream, and the sweep if none is queued. */
 static int defer(FastLaunch *f, Refs *r, Plan *p, PyObject *spare, PyObject *buf,
                  unsigned long long host, PyObject *fut) {
@@ -158,7 +170,7 @@ static int defer(FastLaunch *f, Refs *r, Plan *p, PyObject *spare, PyObject *buf
     PyObject *entry = keep(r, Py_BuildValue("(OOKlOOOKOOdO)", fut, buf, host, p->nbytes,
                                             p->wrapper, PyTuple_GET_ITEM(p->stamp, 1),
                                             p->stream, f->st_val, p->sid, spare,
-                                            now_s() + SPIN_S - f->spin_first, mark));
+                                            now_s() + SPIN_S, mark));
     if (entry == NULL || PySet_Add(f->pending_set, fut) < 0 ||
         PyList_Append(f->deferred, entry) < 0)
         return -1;
@@ -191,14 +203,13 @@ static PyObject *issue(FastLaunch *f, Refs *r, Plan *p, PyObject *spare) {
         PyObject *exc = keep(r, PyObject_CallFunction(f->error_from, "is", err,
                                                       "cuMemcpyDtoHAsync"));
         res = exc == NULL ? NULL : PyObject_CallFunctionObjArgs(f->fail, fut, exc, NULL);
+    } else if (should_defer(f, p)) {
+        res = defer(f, r, p, spare, buf, host, fut) < 0 ? NULL : Py_NewRef(Py_None);
     } else {
-        /* a first spin (a copy behind short work ends within it: no suspension), then,
-         * when other tasks are ready, the deferral; else the rest of the spin */
-        double first = f->defer_mode ? f->spin_first : SPIN_S;
-        int done = first > 0 ? spin(f->st_val, first) : 0;
-        if (done == 0 && should_defer(f, p)) {
-            res = defer(f, r, p, spare, buf, host, fut) < 0 ? NULL : Py_NewRef(Py_None);
-        } else if (done == 1 || (done == 0 && spin(f->st_val, SPIN_S - first) == 1)) {
+        double t0 = now_s();
+        int done = spin(f->st_val, SPIN_S);
+        f->spin_avg += (now_s() - t0 - f->spin_avg) / SPIN_WEIGHT; /* what spins cost */
+        if (done == 1) {
             PyObject *value = mark_done(r, p->wrapper, PyTuple_GET_ITEM(p->stamp, 1)) < 0
                                   ? NULL
                                   : keep(r, take_bytes(spare, buf, host, p->nbytes));

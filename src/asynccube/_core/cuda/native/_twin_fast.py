@@ -24,6 +24,7 @@ _SPIN_S = 30e-6  # as CompletionWatcher's sync_spin_seconds
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 _PROBE_EVERY = 32  # mode 2: a read in this many defers, to find other tasks
 _SWEEP_WAITING = 2  # a sweep stops querying after this many not done
+_SPIN_WEIGHT = 8.0  # the recent spins' average: each spin counts this much less than the sum
 _READ_SPARES, _READ_SPARE_BYTES = 64, 4 << 20  # as transfers.READ_SPARES, READ_SPARE_BYTES
 
 
@@ -53,9 +54,10 @@ class FastLaunch:
     """``FastLaunch(...)(kernel, count, bindings, mode) -> bool`` (see :mod:`.fast`)."""
 
     __slots__ = (
-        "_allocator", "_crowd", "_d_hits", "_d_later", "_declined", "_defer_mode", "_deferred",
+        "_allocator", "_crowd", "_d_hits", "_d_later", "_declined", "_defer_above", "_defer_mode",
+        "_deferred",
         "_footprint", "_hits", "_pending_set", "_q_declined", "_q_hits", "_read_miss",
-        "_ready", "_since_defer", "_spin_first", "_sweep_scheduled", "addresses",
+        "_ready", "_since_defer", "_since_spin", "_spin_avg", "_sweep_scheduled", "addresses",
         "binding_t", "bindings_t", "call_soon", "channel", "checked", "context", "count_t",
         "create_future", "current_sid", "end_batch", "error_from", "fail", "get_index", "get_loop",
         "handle_t", "hold", "kernel_t", "kernels", "last_use", "later", "loop",
@@ -91,7 +93,8 @@ class FastLaunch:
         self._ready: Any = None
         self._pending_set: Any = None
         self._read_miss: Any = None
-        self._spin_first = 0.0
+        self._defer_above = self._spin_avg = 0.0
+        self._since_spin = 0
         self._defer_mode = self._crowd = self._since_defer = 0
         self._sweep_scheduled = False
         self._d_hits = self._d_later = 0
@@ -133,21 +136,22 @@ class FastLaunch:
         self.small_max, self.later, self.fail = small_max, later, fail
         self.create_future = create_future
 
-    def set_defer(self, ready: Any, pending: Any, miss: Any, first: float) -> None:
+    def set_defer(self, ready: Any, pending: Any, miss: Any, above: float) -> None:
         """When :meth:`read` defers its completion to :meth:`sweep` (see
         ``_native_read.c``): ``ready`` is asyncio's ready deque, True (another asyncio
         loop) or None (never); ``pending`` the channel's set of futures; ``miss(n)`` a
         new pinned buffer when every spare of size ``n`` is out (None: the route);
-        ``first`` the seconds a read polls before it may defer."""
+        ``above``: reads defer only while recent spins averaged at least this many
+        seconds."""
         from ...errors import InvalidArgument
 
         if not isinstance(pending, set) or not callable(miss):
             raise InvalidArgument("set_defer needs the channel's set of futures and a callable")
-        if not 0 <= first <= _SPIN_S:
+        if not 0 <= above <= _SPIN_S:
             raise InvalidArgument(
-                f"set_defer's first spin must be in [0, {_SPIN_S:g}] seconds, got {first:g}"
+                f"set_defer's threshold must be in [0, {_SPIN_S:g}] seconds, got {above:g}"
             )
-        self._spin_first = first
+        self._defer_above = above
         mode = 0 if ready is None else 2 if ready is True else 1
         if mode == 1 and not hasattr(ready, "__len__"):
             raise InvalidArgument(f"set_defer's ready must be a deque, True or None, got {ready!r}")
@@ -159,14 +163,23 @@ class FastLaunch:
         """(reads deferred, of them handed to the route's completion)."""
         return self._d_hits, self._d_later
 
-    def _first(self) -> float:
-        """How long a read polls before it may defer (all of the spin when it never does)."""
-        return self._spin_first if self._defer_mode else _SPIN_S
-
     def _should_defer(self, p: _Plan) -> bool:
-        mode = self._defer_mode
-        if mode == 0:
+        """Other tasks may run and recent spins waited long (see ``_native_read.c``);
+        one read in 32 spins anyway, to see whether they still would."""
+        if not self._defer_mode or not self._others_ready():
             return False
+        if self._spin_avg < self._defer_above:
+            return False
+        if self._defer_above <= 0:  # (nothing to measure again)
+            return True
+        self._since_spin += 1
+        if self._since_spin < _PROBE_EVERY:
+            return True
+        self._since_spin = 0
+        return False
+
+    def _others_ready(self) -> bool:
+        mode = self._defer_mode
         if self._deferred:
             return True
         if mode == 1:
@@ -177,8 +190,15 @@ class FastLaunch:
         self._since_defer += 1
         return self._since_defer >= _PROBE_EVERY
 
+    def _spun(self, stream: Any) -> int:
+        """``_spin`` for 30 µs, its time counted in the recent spins' average."""
+        t0 = time.perf_counter()
+        done = _spin(stream, _SPIN_S)
+        self._spin_avg += (time.perf_counter() - t0 - self._spin_avg) / _SPIN_WEIGHT
+        return done
+
     def _defer(self, p: _Plan, spare: list[Any], buf: Any, cursor: int, fut: Any) -> None:
-        deadline = time.perf_counter() + _SPIN_S - self._spin_first
+        deadline = time.perf_counter() + _SPIN_S
         entry = (fut, buf, buf.ptr, p.nbytes, p.wrapper, cursor, p.stream, p.sid, spare,
                  deadline, self.channel._held._seq)  # fmt: skip
         self._pending_set.add(fut)
@@ -413,9 +433,9 @@ class FastLaunch:
         if err:
             spare.append(buf)
             self.fail(fut, self.error_from(err, "cuMemcpyDtoHAsync"))
-        elif (done := _spin(p.stream, first := self._first())) == 0 and self._should_defer(p):
-            self._defer(p, spare, buf, cursor, fut)  # after a first spin: see _native_read.c
-        elif done == 1 or (done == 0 and _spin(p.stream, _SPIN_S - first) == 1):
+        elif self._should_defer(p):
+            self._defer(p, spare, buf, cursor, fut)
+        elif self._spun(p.stream) == 1:
             # the copy was the stream's last work: marked done up to it, as a sync marks it
             if p.wrapper.done < cursor:
                 p.wrapper.done = cursor
@@ -674,9 +694,7 @@ def _keep_spare(spare: list[Any], buf: Any) -> None:
 
 def _spin(stream: Any, seconds: float) -> int:
     """Poll ``stream`` until its work is done (1), ``seconds`` passed (0) or it failed
-    (-1); not at all for 0 seconds (0)."""
-    if seconds <= 0:
-        return 0
+    (-1)."""
     end = time.perf_counter() + seconds
     query = _driver["d"].cuStreamQuery
     while True:

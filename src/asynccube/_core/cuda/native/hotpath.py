@@ -20,12 +20,15 @@ Python in a driver thread: completions are signalled by a C host function (libc'
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Final, Protocol, cast
 
 from ...extensions import compiled
 
-__all__ = ["ACTIVE", "REASON", "HotPath", "hot", "load"]
+__all__ = ["ACTIVE", "REASON", "HotPath", "hot", "load", "poll_events"]
+
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY
 
 
 class HotPath(Protocol):
@@ -92,3 +95,19 @@ ACTIVE: Final[str] = _chosen[1]
 """``"native"`` or ``"python"``."""
 REASON: Final[str] = _chosen[2]
 """Why that variant is in use."""
+
+
+def poll_events(events: Sequence[Any], seconds: float) -> int:
+    """Poll each of ``events`` in turn (``hot.event_query``, valid from any context) for
+    up to ``seconds`` in all: 0 once all are reached, else the last status
+    (``CUDA_ERROR_NOT_READY`` once the time ran out, or an event's error)."""
+    end = time.perf_counter() + seconds
+    query = hot.event_query
+    for event in events:
+        while True:
+            err = int(query(event))
+            if err == 0:
+                break
+            if err != _NOT_READY or time.perf_counter() >= end:
+                return err
+    return 0
