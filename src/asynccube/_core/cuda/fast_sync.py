@@ -160,7 +160,7 @@ def _pending(server: Any) -> list[tuple[Any, int]]:
 def _events_done(events: list[Any]) -> int:
     """Poll ``events`` for up to ``SPIN_S``: 0 once all are reached, else the last
     status (``poll_events``)."""
-    return poll_events(events, SPIN_S)
+    return poll_events(hot.event_query, events, SPIN_S)
 
 
 def _done(status: int, watcher: CompletionWatcher) -> bool:

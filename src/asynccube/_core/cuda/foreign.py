@@ -128,7 +128,7 @@ class ForeignOps(ServerCore):
         event = work.captured
         if event is None:
             return 0  # an event never recorded: nothing to wait for
-        err = poll_events([event], spin)
+        err = poll_events(hot.event_query, [event], spin)
         if err:
             return err
         work.take()

@@ -21,7 +21,7 @@ Python in a driver thread: completions are signalled by a C host function (libc'
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol, cast
 
 from ...extensions import compiled
@@ -97,12 +97,11 @@ REASON: Final[str] = _chosen[2]
 """Why that variant is in use."""
 
 
-def poll_events(events: Sequence[Any], seconds: float) -> int:
-    """Poll each of ``events`` in turn (``hot.event_query``, valid from any context) for
-    up to ``seconds`` in all: 0 once all are reached, else the last status
+def poll_events(query: Callable[[Any], Any], events: Sequence[Any], seconds: float) -> int:
+    """Poll each of ``events`` in turn with ``query`` (``hot.event_query``: valid from any
+    context) for up to ``seconds`` in all: 0 once all are reached, else the last status
     (``CUDA_ERROR_NOT_READY`` once the time ran out, or an event's error)."""
     end = time.perf_counter() + seconds
-    query = hot.event_query
     for event in events:
         while True:
             err = int(query(event))
