@@ -34,9 +34,7 @@ def spares(s: Setup) -> list[Any]:
 
 
 def warm(s: Setup, tasks: int) -> Awaitable[None]:
-    """``tasks`` reads of SIZE at once, twice, then a spare buffer for each of them (the
-    no-op device ends each read before the next: the route keeps one spare; more come
-    from the pool's free buffers only, as ``read_spare`` gives them)."""
+    """``tasks`` reads of SIZE at once, twice: a spare buffer for each of them."""
 
     async def one() -> None:
         h = s.client.create(bytes(SIZE))
@@ -46,9 +44,6 @@ def warm(s: Setup, tasks: int) -> Awaitable[None]:
     async def twice() -> None:
         for _ in range(2):
             await asyncio.gather(*(one() for _ in range(tasks)))
-        kept = spares(s)
-        while len(kept) < tasks:
-            kept.append(s.server._pinned.take(SIZE))
 
     return twice()
 
@@ -129,7 +124,7 @@ async def defer_after_long_spins() -> None:
     suspend); once reads spun long (the device slower than the host), they defer; one
     in 32 spins anyway, to measure again, and short spins again end the deferral."""
     s = await Setup().ready()
-    await warm(s, 12)  # a spare for each of the 12 slow reads below
+    await warm(s, 1)
     fast: Any = s.client._fast
     ch = s.client._channel
     fast.set_defer(ch.loop._ready, ch._pending, s.server.read_spare, 20e-6)  # type: ignore[attr-defined]
@@ -296,11 +291,10 @@ async def defer_other_loop() -> None:
 
 
 async def read_allocates_off_the_loop() -> None:
-    """A read whose staging the pool does not hold (above SMALL_READ, or a small read
-    with no spare of its size) gets it from a worker thread (``prepare_read``'s job:
-    the allocation waits for the device, so never on the loop); with one free, or one
-    staged already, none; the one-call read's extra spares are free buffers only; the
-    reads complete."""
+    """A read above SMALL_READ (a small size class of the pinned pool) whose staging the
+    pool does not hold gets it from a worker thread (``prepare_read``'s job: the
+    allocation waits for the device, so never on the loop); with one free, or one
+    staged already, none; the read completes."""
     from asynccube._core.cuda.transfers import SMALL_READ
 
     s = await Setup().ready()
@@ -319,18 +313,6 @@ async def read_allocates_off_the_loop() -> None:
     pool.trim()
     (data,) = await s.client.read([h])  # the route: the job, then the read
     assert len(data) == size
-    # a small read: a spare of its size, or none and the pool empty (then a job), and
-    # the one-call route's extra spares come from the pool's free buffers only
-    small = s.client.create(bytes(SIZE))
-    await s.client.read([small])  # a spare of SIZE kept
-    ds = small.copy_descriptor((SIZE,), (1,), 1)
-    assert server.prepare_read([ds], None) is None, "a spare of the size"
-    spares(s).clear()
-    pool.trim()
-    assert server.read_spare(SIZE) is None, "never a new allocation on the loop"
-    assert server.prepare_read([ds], None) is not None, "no spare, none free: a job"
-    (data,) = await s.client.read([small])
-    assert len(data) == SIZE
     await s.client.close()
 
 

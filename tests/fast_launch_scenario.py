@@ -550,7 +550,6 @@ async def first_use() -> None:
 
     small = s.client.create(bytes(range(256)) * 4)
     await s.client.read([small])  # the route keeps a spare buffer of this size
-    await s.client.sync()  # (its staging may come from a worker job the actor awaits)
     addresses.pop(small.binding().memory.id)  # as for a handle no route has used yet
     hits, d0 = s.stats
     (data,) = await s.client.read([small])  # a Handle: found through set_pointers too

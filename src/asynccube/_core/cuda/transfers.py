@@ -172,11 +172,9 @@ class TransferOps(ProfileOps):
 
     def read_spare(self, nbytes: int) -> PinnedBuffer | None:
         """A pinned buffer for ``FastLaunch.read`` when every spare of its size is out
-        (reads in flight at once): a free one of the pool, never a new one (an
-        allocation waits for the device: :meth:`prepare_read`); None (the route reads,
-        its staging allocated off the loop) when the pool has none or the server is
-        closing."""
-        return None if self.closed else self._pinned.try_take(nbytes)
+        (reads in flight at once), taken as ``_read_small`` takes one; None once the
+        server is closing (the route reads)."""
+        return None if self.closed else self._pinned.take(nbytes)
 
     def write_spare(self, nbytes: int) -> PinnedBuffer | None:
         """A new staging buffer of ``nbytes`` for ``FastLaunch.write`` to keep in
@@ -300,7 +298,6 @@ class TransferOps(ProfileOps):
         """A small read through a pinned buffer the server keeps for reads of that size
         (taken and put back on the loop thread, without the pool's lock)."""
         spare = self._small_reads.get(nbytes)
-        # a spare (prepare_read's job allocated one off the loop when the pool had none)
         buf = spare.pop() if spare else self._pinned.take(nbytes)
         err = hot.memcpy_async(False, ptr, buf.ptr, nbytes, cu_stream)
         if err:
@@ -398,9 +395,8 @@ class TransferOps(ProfileOps):
     def prepare_read(
         self, descriptors: Sequence[CopyDescriptor], stream: StreamId
     ) -> Callable[[], None] | None:
-        """A job for a worker thread that allocates the pinned buffer of a read when none
-        of its size is free (nor, for a small read, a spare of its size): None, nothing
-        to do. Never raises.
+        """A job for a worker thread that allocates the pinned buffer of a read above
+        ``SMALL_READ`` when none of its size is free (None: nothing to do). Never raises.
         ``cuMemHostAlloc`` waits for the device to be idle: on the loop, the first read
         of a size while a kernel runs held it for the rest of the kernel (38 ms behind
         a 50 ms kernel, a 128 KiB read on an H200)."""
@@ -408,39 +404,18 @@ class TransferOps(ProfileOps):
             size = _desc_nbytes(descriptors[0])
         else:
             size = sum(_desc_nbytes(d) for d in descriptors)
-        spares = self._spares_for(size) if len(descriptors) == 1 else None
-        if spares:
-            return None  # a small read's spare (``_read_small`` takes it)
-        if spares is None and size in self._staged_reads:
+        if size <= SMALL_READ or size in self._staged_reads:
             return None
-        staged = self._staged_reads
-
-        def keep(buf: PinnedBuffer) -> None:
-            if spares is not None:
-                spares.append(buf)
-            else:
-                staged[size] = buf
-
         buf = self._pinned.try_take(size)
         if buf is not None:
-            keep(buf)
+            self._staged_reads[size] = buf
             return None
 
         def job() -> None:
             self._ctx.make_current()
-            keep(self._pinned.take(size))
+            self._staged_reads[size] = self._pinned.take(size)
 
         return job
-
-    def _spares_for(self, size: int) -> list[PinnedBuffer] | None:
-        """The spare list of a small read of ``size`` bytes (made if there is room for
-        its size), or None: not a small read, or no room (then it stages as above)."""
-        if size > SMALL_READ:
-            return None
-        spares = self._small_reads.get(size)
-        if spares is None and len(self._small_reads) < 32:
-            spares = self._small_reads[size] = []
-        return spares
 
     def get_resource(self, binding: Binding, stream: StreamId) -> CudaCompletion[Any]:
         """The device address of the binding's first byte (``offset``: its
