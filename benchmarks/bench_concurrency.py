@@ -35,6 +35,7 @@ from bench_requests import (
     _gpu_index,
     _versions,
     cupy_calls,
+    cupy_device,
     default_device,
     measure,
     measure_blocking,
@@ -81,12 +82,7 @@ def asynccube_request(client: Any, kernels: tuple[Any, Any], work: Work, ns: int
 
 def cupy_request(device: str, work: Work, ns: int, streams: bool) -> Callable[[bytes], Any]:
     """CuPy: ``asarray``, the spin, ``empty_like``, ``y = 2x + 1``, ``.get()``."""
-    index = _gpu_index(device)
-    try:
-        import cupy as cp
-    except ImportError:
-        raise Unavailable("cupy is not installed") from None
-    gpu = cp.cuda.Device(index)
+    cp, gpu = cupy_device(device)
     with gpu:
         spin, y2x1 = cp.RawKernel(SPIN_SRC, "spin"), cp.RawKernel(Y_SRC, "y2x1")
     n, busy = np.uint32(work.n), np.uint64(ns)

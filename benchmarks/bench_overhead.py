@@ -249,6 +249,12 @@ def install_fake() -> None:
 def _server() -> Any:
     from asynccube._core.cuda.driver import DeviceContext
     from asynccube._core.cuda.server import CudaServer
+
+    return CudaServer(DeviceContext(0, 1, 1), properties=fake_properties())
+
+
+def fake_properties() -> Any:
+    """The properties of the fake device (an sm_80 with 16 GiB): a new object each call."""
     from asynccube._core.server.protocol import DeviceProperties
 
     extra = {
@@ -258,8 +264,7 @@ def _server() -> Any:
         "max_block_dim": (1024, 1024, 64),
         "max_shared_memory_per_block_optin": 227 << 10,
     }
-    props = DeviceProperties("fake", "cuda", 512, 16 << 30, extra)
-    return CudaServer(DeviceContext(0, 1, 1), properties=props)
+    return DeviceProperties("fake", "cuda", 512, 16 << 30, extra)
 
 
 ADD = r"""

@@ -292,12 +292,7 @@ def torch_peer(device: str, work: Work) -> Callable[[bytes], Any]:
 def cupy_peer(device: str, work: Work, streams: bool) -> Callable[[bytes], Any]:
     """CuPy: ``asarray``, ``empty_like``, the RawKernel, ``.get()``; with ``streams``,
     each worker thread on its own non-blocking stream."""
-    index = _gpu_index(device)
-    try:
-        import cupy as cp
-    except ImportError:
-        raise Unavailable("cupy is not installed") from None
-    gpu = cp.cuda.Device(index)
+    cp, gpu = cupy_device(device)
     with gpu:
         kern = cp.RawKernel(Y_SRC, "y2x1")
     n = np.uint32(work.n)
@@ -310,6 +305,17 @@ def cupy_peer(device: str, work: Work, streams: bool) -> Callable[[bytes], Any]:
         return y.get()
 
     return cupy_calls(gpu, one, streams)
+
+
+def cupy_device(device: str) -> tuple[Any, Any]:
+    """(the cupy module, the ``cupy.cuda.Device`` of ``device``); Unavailable without
+    a GPU or CuPy."""
+    index = _gpu_index(device)
+    try:
+        import cupy as cp
+    except ImportError:
+        raise Unavailable("cupy is not installed") from None
+    return cp, cp.cuda.Device(index)
 
 
 def cupy_calls(gpu: Any, one: Callable[[bytes], Any], streams: bool) -> Callable[[bytes], Any]:

@@ -156,25 +156,14 @@ def _fake_clients(loop: asyncio.AbstractEventLoop) -> list[object]:
     from asynccube._core.client.client import ComputeClient
     from asynccube._core.cuda.driver import DeviceContext
     from asynccube._core.cuda.server import CudaServer
-    from asynccube._core.server.protocol import DeviceProperties
 
     out = []
     for ordinal in (0, 1):
-        props = DeviceProperties("fake", "cuda", 512, 16 << 30, dict(FAKE_EXTRA))
         ctx = DeviceContext(ordinal, ordinal + 1, ordinal + 1)
-        server = CudaServer(ctx, properties=props)
+        server = CudaServer(ctx, properties=bench_overhead.fake_properties())
         out.append(ComputeClient(server, loop))
     del bench_overhead
     return out
-
-
-FAKE_EXTRA = {
-    "max_grid_dim": (2**31 - 1, 65535, 65535),
-    "arch": "sm_80",
-    "max_threads_per_block": 1024,
-    "max_block_dim": (1024, 1024, 64),
-    "max_shared_memory_per_block_optin": 227 << 10,
-}
 
 
 def _fake_calls(

@@ -33,16 +33,8 @@ from asynccube._core.cuda import driver, nccl  # noqa: E402
 from asynccube._core.cuda.driver import DeviceContext  # noqa: E402
 from asynccube._core.cuda.native.hotpath import ACTIVE  # noqa: E402
 from asynccube._core.cuda.server import CudaServer  # noqa: E402
-from asynccube._core.server.protocol import DeviceProperties  # noqa: E402
 
 N = 1024
-EXTRA = {
-    "max_grid_dim": (2**31 - 1, 65535, 65535),
-    "arch": "sm_80",
-    "max_threads_per_block": 1024,
-    "max_block_dim": (1024, 1024, 64),
-    "max_shared_memory_per_block_optin": 227 << 10,
-}
 
 
 class Lib:
@@ -86,8 +78,8 @@ class Setup:
         loop = asyncio.get_running_loop()
         self.clients = []
         for ordinal in (0, 1):
-            props = DeviceProperties("fake", "cuda", 512, 16 << 30, dict(EXTRA))
-            server = CudaServer(DeviceContext(ordinal, ordinal + 1, ordinal + 1), properties=props)
+            ctx = DeviceContext(ordinal, ordinal + 1, ordinal + 1)
+            server = CudaServer(ctx, properties=bench_overhead.fake_properties())
             self.clients.append(ComputeClient(server, loop))
         self.pairs = [(c, c.create(np.ones(N, np.float32))) for c in self.clients]
 

@@ -24,7 +24,6 @@ from asynccube._core.cuda import driver, storage
 from asynccube._core.cuda.driver import DeviceContext
 from asynccube._core.cuda.server import CudaServer
 from asynccube._core.memory import MemoryConfig
-from asynccube._core.server.protocol import DeviceProperties
 from fast_launch_scenario import ADD, N, Setup, U, bench_overhead, main
 
 SIZE = 4 * N
@@ -124,19 +123,11 @@ class ExpandableSetup(Setup):
 
     @staticmethod
     def _make_server() -> Any:
-        props = DeviceProperties("fake", "cuda", 512, 16 << 30, _EXTRA)
         return CudaServer(
-            DeviceContext(0, 1, 1), properties=props, memory=MemoryConfig.expandable()
+            DeviceContext(0, 1, 1),
+            properties=bench_overhead.fake_properties(),
+            memory=MemoryConfig.expandable(),
         )
-
-
-_EXTRA = {
-    "max_grid_dim": (2**31 - 1, 65535, 65535),
-    "arch": "sm_80",
-    "max_threads_per_block": 1024,
-    "max_block_dim": (1024, 1024, 64),
-    "max_shared_memory_per_block_optin": 227 << 10,
-}
 
 
 def _pool(s: Setup) -> Any:

@@ -164,6 +164,19 @@ WRITTEN = {"all_reduce": (0, 1), "broadcast": (0,), "all_gather": (2, 3), "reduc
 """The buffers (indices into hs) each collective above writes."""
 
 
+async def _serving_after_the_failure(name: str, owners: list[Any], hs: list[Any]) -> None:
+    """After a failed ``name`` over ``hs`` (owned by ``owners``): each client's sync is
+    clean (the failure was raised once, by the collective's await), the buffers the
+    collective writes are tainted until written again, and every buffer reads clean."""
+    for i, (c, h) in enumerate(zip(owners, hs, strict=True)):
+        await c.sync()  # taken by the await above: raised once
+        if i in WRITTEN[name]:
+            with pytest.raises(ac.TaintedBuffer):
+                await c.read([h])
+            c.write([(h.copy_descriptor((h.binding().size,), (1,), 1), bytes(h.binding().size))])
+        assert await c.read([h]) == [bytes(h.binding().size)]  # clean, serving
+
+
 def _expected_calls(name: str, hs: list[Any]) -> list[tuple[Any, ...]]:
     a, b, c, d = (side(h) for h in hs)
     return {
@@ -207,15 +220,7 @@ async def test_a_failed_call_is_held_on_every_client_and_taints_what_it_writes(
         with pytest.raises(ac.CollectiveError, match=f"{name} over 2 .*may have changed") as raised:
             await _collectives(c0, c1, hs)[name]()
         assert "invalid usage" in str(raised.value)  # NCCL's words
-        for i, (c, h) in enumerate(zip(owners, hs, strict=True)):
-            await c.sync()  # taken by the await above: raised once
-            if i in WRITTEN[name]:
-                with pytest.raises(ac.TaintedBuffer):
-                    await c.read([h])
-                c.write(
-                    [(h.copy_descriptor((h.binding().size,), (1,), 1), bytes(h.binding().size))]
-                )
-            assert await c.read([h]) == [bytes(h.binding().size)]  # clean, serving
+        await _serving_after_the_failure(name, owners, hs)
 
 
 @pytest.mark.parametrize("name", ["broadcast", "all_gather", "reduce_scatter"])
@@ -326,15 +331,7 @@ async def test_a_failure_in_one_step_is_held_on_every_client_and_taints_what_it_
         with pytest.raises(ac.CollectiveError, match=f"{name} over 2 .*may have changed"):
             await call()
         assert lib.threads == {threading.get_ident()}  # it ran in place, in one step
-        for i, (c, h) in enumerate(zip(owners, hs, strict=True)):
-            await c.sync()  # taken by the await above: raised once
-            if i in WRITTEN[name]:
-                with pytest.raises(ac.TaintedBuffer):
-                    await c.read([h])
-                c.write(
-                    [(h.copy_descriptor((h.binding().size,), (1,), 1), bytes(h.binding().size))]
-                )
-            assert await c.read([h]) == [bytes(h.binding().size)]  # clean, serving
+        await _serving_after_the_failure(name, owners, hs)
 
 
 async def test_a_busy_client_takes_the_commands_route_after_its_earlier_work(
