@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 import time
 from typing import Any
@@ -277,9 +278,12 @@ async def test_lag_probe_detects_a_blocked_loop() -> None:
         probe.start()
         await asyncio.sleep(0)
         block()
+        resumed_at = sys._getframe().f_lineno + 1
         await asyncio.sleep(0)
         assert await probe.stop() > 0.005
         assert "test_lag_probe_detects_a_blocked_loop" in probe.culprit
+        # and where the step ended: this test's await after the block
+        assert probe.culprit.endswith(f", which ended at test_channel.py:{resumed_at}")
 
 
 async def test_a_loaded_kernel_with_a_static_count_skips_prepare() -> None:

@@ -63,10 +63,50 @@ def test_buffers_past_the_cache_limit_are_freed_without_hanging(
     worker.start()
     worker.join(5)
     assert not worker.is_alive(), "try_take hung freeing a buffer past the cache limit"
+    assert storage._FREER.wait_idle(5)  # freed on the freeing thread, not the taker's
     assert took[0] is not None and len(fake.freed) == 2 and pool.cached == 4096
     took[0].release()
     pool.trim()
     assert len(fake.freed) == 4 and pool.cached == 0
+
+
+def test_buffers_given_back_after_close_are_freed_off_the_dropping_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A buffer that comes back after its pool closed (a read's result kept past its
+    client, dropped on the loop) and buffers past the cache's limit are freed on the
+    freeing thread: ``cuMemFreeHost`` waits for the device, milliseconds on the loop.
+    The context's release still runs after the last one."""
+    import threading
+
+    from asynccube._core.cuda import storage
+
+    fake = _FakeHostAllocs()
+    threads: list[int] = []
+    free = fake.cuMemFreeHost
+    fake.cuMemFreeHost = lambda ptr: (threads.append(threading.get_ident()), free(ptr))[1]  # type: ignore[method-assign]
+    monkeypatch.setattr(storage, "cu", lambda: fake)
+    monkeypatch.setattr(storage, "check", lambda result, what="": result)
+    pool = PinnedPool(max_cached=4096)
+    kept = [pool.take(4096) for _ in range(3)]
+    kept.pop().release()
+    kept.pop().release()  # past the limit: freed when the pool next takes one
+    again = pool.try_take(4096)
+    assert again is not None
+    assert storage._FREER.wait_idle(5) and len(fake.freed) == 1
+    released: list[int] = []
+    pool.close()
+    pool.after_last(lambda: released.append(threading.get_ident()))
+    del again
+    assert not released  # one still out
+    kept.clear()  # the last: dropped here, freed there, then the release
+    assert storage._FREER.wait_idle(5)
+    assert len(fake.freed) == 3 and pool.allocated == 0
+    for _ in range(500):
+        if released:
+            break
+        threading.Event().wait(0.01)
+    assert released and threading.get_ident() not in threads + released
 
 
 class _Handle:

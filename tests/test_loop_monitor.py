@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 from asyncio import events
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import asynccube as ac
@@ -80,6 +82,27 @@ async def test_a_blocking_step_is_caught_and_named(
     logged = [r.getMessage() for r in caplog.records if r.name == "asynccube.loop"]
     assert any("blocked for" in m and name in m for m in logged), logged
     json.dumps(snapshot.as_dict())  # ready for a /health endpoint
+
+
+@pytest.mark.allow_loop_lag
+async def test_a_slow_step_says_where_its_task_stopped(anyio_backend: str) -> None:
+    """A task's slow step is named with where the task stopped at its end: the line of
+    its next await (the step ran from its previous await to there)."""
+    lines: list[int] = []
+
+    async def handler() -> None:
+        await anyio.lowlevel.checkpoint()
+        block_the_loop()
+        lines.append(sys._getframe().f_lineno + 1)
+        await anyio.sleep(0.01)
+
+    async with ac.LoopMonitor(threshold=0.04, step_sampling=1.0) as monitor:
+        await anyio.sleep(0.03)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(handler)
+        snapshot = monitor.snapshot()
+    (step,) = [s for s in snapshot.slow_steps if s.seconds >= BLOCK]
+    assert step.culprit.endswith(f", which ended at test_loop_monitor.py:{lines[0]}"), step.culprit
 
 
 @pytest.mark.allow_loop_lag

@@ -52,6 +52,7 @@ __all__ = [
     "describe_trio_task",
     "detach_steps",
     "max_lag_seconds",
+    "suspended_at",
 ]
 
 
@@ -309,7 +310,7 @@ class _OwnTime:
         self.callbacks += 1
         if own > self.worst:
             self.worst = own
-            self.culprit = self._describe(step)
+            self.culprit = f"{self._describe(step)}{suspended_at(step)}"
 
     def _describe(self, step: Any) -> str:
         return describe_handle(step)
@@ -382,6 +383,40 @@ def describe_trio_task(task: Any) -> str:
     if coro and not str(name).endswith(coro):
         return f"a step of trio task {name!r} running {coro}"
     return f"a step of trio task {name!r}"
+
+
+def suspended_at(step: Any) -> str:
+    """Where the task behind a step (an asyncio ``Handle`` of a task step, or a trio
+    ``Task``) stopped at its step's end: the lines of its coroutines, outermost first,
+    each awaiting the next (``", which ended at a.py:12 > b.py:40"``), those of the loop's
+    own libraries left out (``_LOOP_LIBRARIES``), the innermost five when there are more.
+    The step ran from the task's previous await to there. Empty when the step is not a
+    task's, or the task ended in it. Called only for a step worth naming (the longest so
+    far, a slow one): it walks the task's frames."""
+    owner = getattr(getattr(step, "_callback", None), "__self__", None)
+    if isinstance(owner, asyncio.Task):
+        coro: Any = owner.get_coro()
+    else:
+        coro = getattr(step, "coro", None)
+    lines: list[str] = []
+    for _ in range(64):
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        module = str(frame.f_globals.get("__name__", ""))
+        if not module.startswith(_LOOP_LIBRARIES):
+            lines.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    if len(lines) > _WHERE_DEPTH:  # the innermost say the most
+        lines = ["...", *lines[-_WHERE_DEPTH:]]
+    return f", which ended at {' > '.join(lines)}" if lines else ""
+
+
+_WHERE_DEPTH = 5
+"""Coroutines :func:`suspended_at` names (the innermost)."""
+_LOOP_LIBRARIES = ("asyncio", "anyio", "trio", "sniffio", "contextlib", "_asynccube_pytest")
+"""Modules whose coroutines :func:`suspended_at` leaves out: the loop's machinery (a
+test runner's, a sleep's), never the code that held the loop."""
 
 
 def describe_handle(handle: Any) -> str:

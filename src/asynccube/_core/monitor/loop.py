@@ -42,6 +42,7 @@ from _asynccube_pytest.lagprobe import (
     describe_handle,
     describe_trio_task,
     detach_steps,
+    suspended_at,
 )
 
 from ..errors import InvalidArgument, LoopMismatchError
@@ -61,7 +62,9 @@ class SlowStep:
     Attributes:
         seconds: how long the step ran (wall clock).
         culprit: the code behind it: ``a step of task 'name' running coro_qualname``, a
-            callback's repr, or ``a step of trio task 'name'``.
+            callback's repr, or ``a step of trio task 'name'``; for a task's step, where
+            the task stopped at its end (``, which ended at app.py:40 > db.py:12``, its
+            coroutines outermost first): the step ran from its previous await to there.
         when: when it ended (``time.time()``).
     """
 
@@ -317,7 +320,7 @@ class LoopMonitor:
             self._slow(step, seconds)
 
     def _slow(self, step: Any, seconds: float) -> None:
-        slow = SlowStep(seconds, self._describe(step), time.time())
+        slow = SlowStep(seconds, f"{self._describe(step)}{suspended_at(step)}", time.time())
         self._steps.append((time.monotonic(), slow))
         if seconds >= self.threshold:
             log.warning("the event loop was blocked for %.1f ms by %s", seconds * 1e3, slow.culprit)
