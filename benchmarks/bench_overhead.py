@@ -82,6 +82,8 @@ int cuPointerGetAttributes(unsigned n, int *attrs, void **data, u64 ptr) {
     for (unsigned i = 0; i < n; ++i) *(unsigned *)data[i] = 0; /* not pinned */
     return 0;
 }
+int cuStreamGetCtx(void *s, void **c) { *c = (void *)1; return 0; } /* DeviceContext(0, 1, 1)'s */
+int cuStreamIsCapturing(void *s, int *status) { *status = 0; return 0; } /* not capturing */
 """
 
 

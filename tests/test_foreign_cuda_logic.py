@@ -51,13 +51,6 @@ class FakeDriver:
     def CUevent(self, value: int) -> Handle:
         return Handle(value)
 
-    def cuStreamGetCtx(self, stream: Handle) -> tuple[int, Any]:
-        ctx = self.contexts.get(int(stream))
-        return (INVALID_HANDLE, None) if ctx is None else (0, Handle(ctx))
-
-    def cuStreamIsCapturing(self, stream: Handle) -> tuple[int, int]:
-        return (0, 1 if int(stream) in self.capturing else 0)
-
     def cuStreamCreate(self, flags: int) -> tuple[int, Handle]:
         self._next += 1
         self.calls.append(("create", self._next))
@@ -74,6 +67,12 @@ class FakeHot:
 
     def event_query(self, event: Any) -> int:
         return self.d.events.get(int(event), INVALID_HANDLE)
+
+    def stream_check(self, stream: Any) -> tuple[int, int, int, int]:
+        ctx = self.d.contexts.get(int(stream))
+        if ctx is None:
+            return INVALID_HANDLE, 0, 0, 0
+        return 0, ctx, 0, 1 if int(stream) in self.d.capturing else 0
 
     def stream_wait_event(self, stream: Any, event: Any) -> int:
         self.d.calls.append(("wait", int(stream), int(event)))

@@ -108,6 +108,29 @@ def test_describe(obj: Any, kind: str, handle: int, device: int | None) -> None:
     assert work.where().startswith("client.wait(")
 
 
+class DeclaredTorchStream:
+    """As torch.cuda.Stream: its class declares ``cuda_stream`` (a property); asking an
+    object for anything else fails loudly."""
+
+    __module__ = "torch.cuda.streams"
+    cuda_stream = property(lambda self: 0x4321)
+
+    def __init__(self) -> None:
+        self.device = _Device("cuda", 0)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"describe asked the object for {name}")
+
+
+def test_describe_reads_what_a_torch_class_declares() -> None:
+    """A torch type whose class declares its handle is read by it alone: no lookup of
+    the other kind's attribute, which fails (an exception raised and caught) on every
+    ``client.wait(torch_stream)``."""
+    for _ in range(2):  # the class's answer is kept after the first
+        work = describe(DeclaredTorchStream(), "wait")
+        assert (work.kind, work.handle, work.device) == ("stream", 0x4321, 0)
+
+
 def test_describe_cuda_bindings_handles() -> None:
     driver = pytest.importorskip("cuda.bindings.driver")
     stream, event = describe(driver.CUstream(0x42), "after"), describe(driver.CUevent(7), "wait")

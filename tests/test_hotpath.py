@@ -140,6 +140,8 @@ def test_valid_launch_without_driver_is_refused(hot: Any) -> None:
     ("name", "args", "words"),
     [
         ("event_query", ("x",), "event"),
+        ("stream_check", ("s",), "stream"),
+        ("stream_check", (-1,), "stream"),
         ("event_record", (1, "s"), "stream"),
         ("stream_wait_event", (-1, 1), "stream"),
         ("ctx_set", ("c",), "context"),

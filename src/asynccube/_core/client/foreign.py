@@ -100,9 +100,12 @@ def describe(obj: Any, call: str) -> ForeignWork:
         origin = _ORIGINS[cls] = _origin(cls)
     root, name = origin
     if root == "torch":
-        if hasattr(obj, "cuda_event"):
+        declared = _TORCH_KINDS.get(cls)
+        if declared is None:  # torch's types declare their handle (a property): once
+            declared = _TORCH_KINDS[cls] = _torch_kind(cls)
+        if declared == "event" or (not declared and hasattr(obj, "cuda_event")):
             return _torch(obj, "event", obj.cuda_event, name, call)
-        if hasattr(obj, "cuda_stream"):
+        if declared == "stream" or hasattr(obj, "cuda_stream"):
             return _torch(obj, "stream", obj.cuda_stream, name, call)
     if hasattr(obj, "__cuda_stream__"):
         return _protocol(obj, name, call)
@@ -121,6 +124,17 @@ def describe(obj: Any, call: str) -> ForeignWork:
 
 _ORIGINS: dict[type, tuple[str, str]] = {}
 """Type -> (its top-level package, its qualified name): a cache for ``describe``."""
+
+
+_TORCH_KINDS: dict[type, str] = {}
+"""A torch class -> the handle its class declares (``"event"``, ``"stream"``, or ``""``:
+none, so each object is asked, as for objects whose handle is set on the instance)."""
+
+
+def _torch_kind(cls: type) -> str:
+    if hasattr(cls, "cuda_event"):
+        return "event"
+    return "stream" if hasattr(cls, "cuda_stream") else ""
 
 
 def _origin(cls: type) -> tuple[str, str]:

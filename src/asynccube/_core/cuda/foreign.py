@@ -42,6 +42,7 @@ from .state import ServerCore
 __all__ = ["ForeignOps"]
 
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY
+_CAPTURE_NONE = 0  # CU_STREAM_CAPTURE_STATUS_NONE
 
 
 class ForeignOps(ServerCore):
@@ -72,13 +73,11 @@ class ForeignOps(ServerCore):
                 f"on cuda:{ordinal}; wait on it from a client of cuda:{work.device}, or "
                 f"pass a stream of cuda:{ordinal}"
             )
-        d = cu()
         if work.kind == "stream":
-            stream = d.CUstream(work.handle)
             if work.handle not in DEFAULT_STREAMS:
-                self._check_stream(work, stream)
-            return stream
-        event = d.CUevent(work.handle)
+                self._check_stream(work)
+            return work.handle  # the raw handle: the hot path records on it
+        event = cu().CUevent(work.handle)
         if work.handle:
             err = int(hot.event_query(event))
             if err not in (0, _NOT_READY):
@@ -95,19 +94,21 @@ class ForeignOps(ServerCore):
         finally:
             d.cuStreamDestroy(side)  # freed by the driver once its work is done
 
-    def _check_stream(self, work: ForeignWork, handle: Any) -> None:
-        d = cu()
-        err, context = d.cuStreamGetCtx(handle)
+    def _check_stream(self, work: ForeignWork) -> None:
+        # one call of the hot path: cuda.bindings' two calls and their objects cost a
+        # few µs of every client.wait(stream)
+        err, context, capture_err, status = hot.stream_check(work.handle)
         if err:
             raise _unknown(work, error_from(err, "cuStreamGetCtx"))
-        if int(context) != int(self._ctx.context):
+        if context != int(self._ctx.context):
             raise ForeignStreamError(
                 f"{work.where()}: that stream belongs to another device or context than "
                 f"this client's (cuda:{self._ctx.ordinal}); pass a stream of this device, "
                 "or wait on it from a client of its own device"
             )
-        status = check(d.cuStreamIsCapturing(handle), "cuStreamIsCapturing")
-        if int(status) != int(d.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE):
+        if capture_err:
+            raise error_from(capture_err, "cuStreamIsCapturing")
+        if status != _CAPTURE_NONE:
             raise ForeignStreamError(
                 f"{work.where()}: that stream is capturing a CUDA graph, so nothing can "
                 "be recorded on it for asynccube to wait on; wait after the capture ends "

@@ -132,8 +132,10 @@ class InteropOps(ServerCore):
 
     def _check_same_device(self, consumer: int) -> None:
         """DLPackError unless the stream ``consumer`` belongs to this device's context."""
-        context = check(cu().cuStreamGetCtx(cu().CUstream(consumer)), "cuStreamGetCtx")
-        if int(context) != int(self._ctx.context):
+        err, context, _, _ = hot.stream_check(consumer)  # one compiled call
+        if err:
+            raise error_from(err, "cuStreamGetCtx")
+        if context != int(self._ctx.context):
             raise DLPackError(
                 f"__dlpack__(stream={consumer:#x}): that stream belongs to another device "
                 f"or context than this tensor's (cuda:{self._ctx.ordinal}); pass a stream "

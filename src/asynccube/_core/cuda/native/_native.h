@@ -52,6 +52,8 @@ typedef struct {
     CUresult (*ctx_get)(CUh *);
     CUresult (*ctx_set)(CUh);
     CUresult (*stream_query)(CUh);
+    CUresult (*stream_ctx)(CUh, CUh *);          /* cuStreamGetCtx */
+    CUresult (*stream_capturing)(CUh, int *);    /* cuStreamIsCapturing */
     CUresult (*peer)(CUdeviceptr, CUh, CUdeviceptr, CUh, size_t, CUh); /* may be NULL */
 } CuDriver;
 
@@ -95,6 +97,7 @@ PyObject *event_record(PyObject *self, PyObject *const *a, Py_ssize_t n);    /* 
 PyObject *stream_wait_event(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *event_query(PyObject *self, PyObject *event);
 PyObject *stream_query(PyObject *self, PyObject *stream);
+PyObject *stream_check(PyObject *self, PyObject *stream);
 PyObject *ctx_set(PyObject *self, PyObject *context);
 PyObject *memcpy_async(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *memcpy_peer(PyObject *self, PyObject *const *a, Py_ssize_t n);

@@ -1,4 +1,4 @@
-/* asynccube._core.cuda.native._native: events, copies, pointer queries and host copies (see _native.h). */
+/* asynccube._core.cuda.native._native: events, copies, pointer and stream queries and host copies (see _native.h). */
 #include "_native.h"
 #include <sched.h>
 #include <stdatomic.h>
@@ -36,6 +36,21 @@ PyObject *stream_query(PyObject *self, PyObject *stream) {
     unsigned long long h;
     if (as_handle(stream, "stream", &h) < 0 || need_driver() < 0) return NULL;
     return PyLong_FromLong(cu.stream_query((CUh)(uintptr_t)h));
+}
+
+/* stream_check(stream) -> (ctx_err, context, capture_err, status): what client.wait
+ * asks of another library's stream, its context (cuStreamGetCtx) and whether it is
+ * capturing a graph (cuStreamIsCapturing), in one call without cuda.bindings' objects.
+ * The capture is not asked when the context was not found (capture_err 0, status 0). */
+PyObject *stream_check(PyObject *self, PyObject *stream) {
+    unsigned long long h;
+    if (as_handle(stream, "stream", &h) < 0 || need_driver() < 0) return NULL;
+    CUh context = NULL;
+    int status = 0;
+    CUresult ctx_err = cu.stream_ctx((CUh)(uintptr_t)h, &context);
+    CUresult capture_err = ctx_err ? 0 : cu.stream_capturing((CUh)(uintptr_t)h, &status);
+    return Py_BuildValue("(iKii)", (int)ctx_err, (unsigned long long)(uintptr_t)context,
+                         (int)capture_err, status);
 }
 
 /* ctx_set(context) -> CUresult: cuCtxSetCurrent (to_client's switches between two

@@ -36,6 +36,8 @@ static PyObject *open_driver(PyObject *self, PyObject *unused) {
     RESOLVE(ctx_get, "cuCtxGetCurrent", 1);
     RESOLVE(ctx_set, "cuCtxSetCurrent", 1);
     RESOLVE(stream_query, "cuStreamQuery", 1);
+    RESOLVE(stream_ctx, "cuStreamGetCtx", 1);
+    RESOLVE(stream_capturing, "cuStreamIsCapturing", 1);
     RESOLVE(param_count, "cuFuncGetParamCount", 0);
     RESOLVE(param_info, "cuFuncGetParamInfo", 0);
     RESOLVE(peer, "cuMemcpyPeerAsync", 0);
@@ -59,6 +61,9 @@ static PyMethodDef methods[] = {
      "event_record(event, stream) -> CUresult"},
     {"event_query", event_query, METH_O, "event_query(event) -> CUresult"},
     {"stream_query", stream_query, METH_O, "stream_query(stream) -> CUresult"},
+    {"stream_check", stream_check, METH_O,
+     "stream_check(stream) -> (CUresult of cuStreamGetCtx, context, CUresult of "
+     "cuStreamIsCapturing, capture status)"},
     {"ctx_set", ctx_set, METH_O, "ctx_set(context) -> CUresult (cuCtxSetCurrent)"},
     {"stream_wait_event", (PyCFunction)(void (*)(void))stream_wait_event, METH_FASTCALL,
      "stream_wait_event(stream, event) -> CUresult"},

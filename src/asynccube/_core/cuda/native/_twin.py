@@ -33,7 +33,7 @@ __all__ = [
     "driver_open",
     "event_query", "event_record", "is_pinned", "launch", "memcpy_async", "memcpy_peer",
     "notify_close", "notify_drain", "notify_spin", "open_driver", "param_sizes",
-    "stream_query", "stream_wait_event",
+    "stream_check", "stream_query", "stream_wait_event",
 ]  # fmt: skip
 
 _BIG: Final = 256 << 10
@@ -95,6 +95,20 @@ def stream_query(stream: Any) -> Any:
     except Exception:
         _refuse([(stream, "stream", 0)])
         raise
+
+
+def stream_check(stream: Any) -> tuple[int, int, int, int]:
+    """``(ctx_err, context, capture_err, status)``: ``cuStreamGetCtx``, then (when that
+    succeeded) ``cuStreamIsCapturing``, of ``stream``."""
+    try:
+        ctx_err, context = _d.cuStreamGetCtx(stream)
+    except Exception:
+        _refuse([(stream, "stream", 0)])
+        raise
+    if int(ctx_err):
+        return int(ctx_err), 0, 0, 0
+    capture_err, status = _d.cuStreamIsCapturing(stream)
+    return 0, int(context), int(capture_err), int(status)
 
 
 def ctx_set(context: Any) -> Any:
