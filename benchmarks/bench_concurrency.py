@@ -27,31 +27,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from _common import environment, table, write
+from _common import table
+from _cuda_client import ADD_SRC as SPIN_SRC  # holds the spin kernel bench_cuda uses
 from _service_work import Y_SRC
 from bench_requests import (
     Unavailable,
     Work,
     _gpu_index,
-    _versions,
     cupy_calls,
     cupy_device,
     default_device,
     measure,
     measure_blocking,
+    publish,
     run_on,
     threaded_request,
     work_for,
     y2x1_kernel,
 )
 
-SPIN_SRC = r"""
-extern "C" __global__ void spin(unsigned long long ns) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
-}
-"""
 TASKS = (1, 8, 64)
 LOOPS = ("asyncio", "uvloop")
 SIZE = 1024
@@ -220,13 +214,8 @@ def main(argv: Sequence[str] | None = None) -> dict[Key, float]:
         print(f"cupy: {exc}", file=sys.stderr)
     command = " ".join(argv if argv is not None else sys.argv[1:])
     body, figures = report(figs, kernel_us, loops, command)
-    env = environment(device)
-    env.update(_versions())
     title = f"Where concurrency pays: the request with a busy kernel (issue 38), {device}"
-    if args.no_write:
-        print(f"## {title}\n\n{body}")
-    else:
-        write("concurrency", title, env, body, figures)
+    publish("concurrency", title, device, body, figures, args.no_write)
     return figs
 
 

@@ -635,6 +635,17 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def publish(name: str, title: str, device: str, body: str, figures: Any, print_only: bool) -> None:
+    """Write the section ``name`` of results (the environment and the peers' versions
+    with it), or only print it (``--no-write``)."""
+    if print_only:
+        print(f"## {title}\n\n{body}")
+        return
+    env = environment(device)
+    env.update(_versions())
+    write(name, title, env, body, figures)
+
+
 def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v]
 
@@ -677,14 +688,9 @@ def main(argv: Sequence[str] | None = None) -> Results:
         print(f"run {r + 1} of {runs} on {device}", file=sys.stderr, flush=True)
         one_run(plan, results, peers, floor=not args.no_floor)
     body, figures = report(plan, results)
-    env = environment(device)
-    env.update(_versions())
+    name = "requests" if device.startswith("cuda") else "requests_host"
     title = f"The request as users write it (issue 38), device {device}"
-    if args.no_write:
-        print(f"## {title}\n\n{body}")
-    else:
-        write("requests" if device.startswith("cuda") else "requests_host", title, env, body,
-              figures)  # fmt: skip
+    publish(name, title, device, body, figures, args.no_write)
     return results
 
 

@@ -108,11 +108,7 @@ async def defer_later_work() -> None:
     (data,) = await fut
     assert len(data) == SIZE
     assert defer_stats(s)[1] == l0 + 1, "the route's completion took it"
-    raised: BaseException | None = None
-    try:
-        await s.client.sync()
-    except ac.DeviceError as exc:
-        raised = exc
+    raised = await Setup.failure(s.client.sync(), ac.DeviceError)
     assert raised is not None and "cuLaunchKernel" in str(raised), raised
     s.rewrite()
     await s.client.close()

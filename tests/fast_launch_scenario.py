@@ -38,6 +38,17 @@ U, C = ac.ExecutionMode.UNCHECKED, ac.ExecutionMode.CHECKED
 class Setup:
     """A client on the fake server, three buffers bound to the add kernel, loaded."""
 
+    @staticmethod
+    async def failure(
+        awaitable: Awaitable[object], kind: type[BaseException]
+    ) -> BaseException | None:
+        """What awaiting ``awaitable`` raised of ``kind`` (None: it returned)."""
+        try:
+            await awaitable
+        except kind as exc:
+            return exc
+        return None
+
     def __init__(self, recorder: KernelRecorder | None = None, batch_seconds: float = 1e-3) -> None:
         self.server = bench_overhead._server()
         if recorder is not None:
@@ -121,11 +132,7 @@ async def scalar_dtype() -> None:
     hits, d0 = s.stats
     for _ in range(2):
         s.client.execute(ADD, s.count, wide)
-        raised: BaseException | None = None
-        try:
-            await s.client.sync()
-        except ac.InvalidArgument as exc:
-            raised = exc
+        raised = await Setup.failure(s.client.sync(), ac.InvalidArgument)
         if raised is None or "[8, 8, 8, 8]" not in str(raised):
             raise AssertionError(f"an 8-byte scalar for a 4-byte one was not raised: {raised!r}")
         s.rewrite()
@@ -189,11 +196,7 @@ async def launch_error() -> None:
     bad = ac.CubeCount(777)
     s.client.execute(ADD, bad, s.bindings, U)
     hits, _ = s.stats
-    raised: BaseException | None = None
-    try:
-        await s.client.sync()
-    except ac.DeviceError as exc:  # a CudaDriverError
-        raised = exc
+    raised = await Setup.failure(s.client.sync(), ac.DeviceError)  # a CudaDriverError
     if raised is None or "cuLaunchKernel(fl_add)" not in str(raised):
         raise AssertionError(f"the failed launch was not raised: {raised!r}")
     try:  # its buffers carry the failure (issue 40), raised with the root's type
@@ -295,11 +298,7 @@ async def read_declined() -> None:
     await s.client.read([h])
     hits, d0 = s.stats
     s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held for the stream
-    raised: BaseException | None = None
-    try:
-        await s.client.read([h])
-    except ac.DeviceError as exc:
-        raised = exc
+    raised = await Setup.failure(s.client.read([h]), ac.DeviceError)
     assert raised is not None and "cuLaunchKernel" in str(raised), raised
     assert s.stats == (hits + 1, d0 + 1), s.stats  # the launch taken, the read declined
     s.rewrite()  # the failed launch's buffers carry its failure (issue 40)
@@ -357,11 +356,7 @@ async def sync_wakes_once() -> None:
     assert fast.hits == hits + 20
     s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held, the route's sync
     before = count[0]
-    raised: BaseException | None = None
-    try:
-        await s.client.sync()
-    except ac.DeviceError as exc:
-        raised = exc
+    raised = await Setup.failure(s.client.sync(), ac.DeviceError)
     assert raised is not None and "cuLaunchKernel" in str(raised), raised
     assert count[0] - before == 1, f"the route: woken after {count[0] - before} iterations"
     assert fast.hits == hits + 20
@@ -391,11 +386,7 @@ async def wait_taken() -> None:
     flag.value = 0
     await fut
     s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held for the stream
-    raised: BaseException | None = None
-    try:
-        await s.client.wait(0x5000)
-    except ac.DeviceError as exc:
-        raised = exc
+    raised = await Setup.failure(s.client.wait(0x5000), ac.DeviceError)
     assert raised is not None and "cuLaunchKernel" in str(raised), raised
     assert fast.foreign_hits == hits + 2
     await s.client.wait(0x5000)
@@ -477,11 +468,7 @@ async def sync_taken() -> None:
     await fut
     assert (fast.hits, fast.declined) == (hits + 2, declined)
     s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held
-    raised: BaseException | None = None
-    try:
-        await s.client.sync()
-    except ac.DeviceError as exc:
-        raised = exc
+    raised = await Setup.failure(s.client.sync(), ac.DeviceError)
     assert raised is not None and "cuLaunchKernel" in str(raised), raised
     assert (fast.hits, fast.declined) == (hits + 2, declined + 1)
     await s.client.sync()
@@ -511,11 +498,7 @@ async def queued() -> None:
     s.client.create(bytes(16))
     s.client.create(bytes(16))
     s.client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # the fake driver fails it
-    raised: BaseException | None = None
-    try:
-        await s.client.sync()
-    except ac.DeviceError as exc:
-        raised = exc
+    raised = await Setup.failure(s.client.sync(), ac.DeviceError)
     assert raised is not None and "cuLaunchKernel(fl_add)" in str(raised), raised
     assert fast.queued_stats == (q0 + 11, qd0 + 1), fast.queued_stats
     await s.client.sync()
@@ -648,11 +631,7 @@ async def write_one() -> None:
     assert server._streams.last_use[h.memory.id] == stamp, "declined: nothing moved"
     c.write([(h.copy_descriptor((4 * N,), (1,), 1), bytes(10))])  # the wrong length
     assert taken == [True, False], taken
-    raised: BaseException | None = None
-    try:
-        await c.read([h])
-    except ac.AsyncCubeError as exc:
-        raised = exc
+    raised = await Setup.failure(c.read([h]), ac.AsyncCubeError)
     assert raised is not None and "data has 10 bytes" in str(raised), raised
     await c.close()
 

@@ -98,11 +98,8 @@ def describe(obj: Any, call: str) -> ForeignWork:
     origin = _ORIGINS.get(cls)
     if origin is None:
         origin = _ORIGINS[cls] = _origin(cls)
-    root, name = origin
+    root, name, declared = origin
     if root == "torch":
-        declared = _TORCH_KINDS.get(cls)
-        if declared is None:  # torch's types declare their handle (a property): once
-            declared = _TORCH_KINDS[cls] = _torch_kind(cls)
         if declared == "event" or (not declared and hasattr(obj, "cuda_event")):
             return _torch(obj, "event", obj.cuda_event, name, call)
         if declared == "stream" or hasattr(obj, "cuda_stream"):
@@ -122,24 +119,21 @@ def describe(obj: Any, call: str) -> ForeignWork:
     raise ForeignStreamError(f"client.{call}() takes {_ACCEPTED}; got {name}: {obj!r:.80}")
 
 
-_ORIGINS: dict[type, tuple[str, str]] = {}
-"""Type -> (its top-level package, its qualified name): a cache for ``describe``."""
+_ORIGINS: dict[type, tuple[str, str, str]] = {}
+"""Type -> (its top-level package, its qualified name, the handle a torch class declares:
+``"event"``, ``"stream"``, or ``""``): a cache for ``describe``."""
 
 
-_TORCH_KINDS: dict[type, str] = {}
-"""A torch class -> the handle its class declares (``"event"``, ``"stream"``, or ``""``:
-none, so each object is asked, as for objects whose handle is set on the instance)."""
-
-
-def _torch_kind(cls: type) -> str:
-    if hasattr(cls, "cuda_event"):
-        return "event"
-    return "stream" if hasattr(cls, "cuda_stream") else ""
-
-
-def _origin(cls: type) -> tuple[str, str]:
+def _origin(cls: type) -> tuple[str, str, str]:
     module = cls.__module__ or ""
-    return module.partition(".")[0], f"{module}.{cls.__qualname__}"
+    root = module.partition(".")[0]
+    declared = ""  # none: each object is asked (a handle set on the instance)
+    if root == "torch":  # torch's types declare their handle, a property: asked once
+        if hasattr(cls, "cuda_event"):
+            declared = "event"
+        elif hasattr(cls, "cuda_stream"):
+            declared = "stream"
+    return root, f"{module}.{cls.__qualname__}", declared
 
 
 def _protocol(obj: Any, name: str, call: str) -> ForeignWork:
