@@ -207,6 +207,34 @@ async def ahead_untracked() -> None:
     await c.close()
 
 
+async def ahead_read_into() -> None:
+    """A queued ``read_into`` (and so ``read_array``) is tracked, as ``read`` is: another
+    stream's launch and small read take the one-call routes ahead of it, while a launch
+    on its own stream waits behind it."""
+    s = await Setup().ready()
+    c = s.client
+    xa, xb, done = prepared(s)
+    await done
+    out = np.empty(SIZE, np.uint8)
+    spend(s)
+    with on(A):
+        into = c.read_into(xa, out)
+    assert queued(s) == (1, 1), queued(s)
+    hits, declined = s.stats
+    with on(B):
+        c.execute(ADD, s.count, bindings(xb), U)
+        small = c.read([xb])
+    assert s.stats == (hits + 2, declined), s.stats
+    with on(A):
+        c.execute(ADD, s.count, bindings(xa), U)  # its stream's read is queued
+    assert s.stats == (hits + 2, declined + 1), s.stats
+    await into
+    assert len(await small) == 1
+    await c.sync()
+    assert queued(s) == (0, 0), queued(s)
+    await c.close()
+
+
 async def ahead_write() -> None:
     """``write`` and ``read_tensor`` are tracked too: stream A's queued write does not
     keep stream B's launch or write waiting, unless B's binds the buffer A writes (then
@@ -304,8 +332,8 @@ async def ahead_records() -> None:
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
     for f in (
-        ahead_taken, ahead_declined, ahead_untracked, ahead_write, ahead_concurrent,
-        ahead_records,
+        ahead_taken, ahead_declined, ahead_untracked, ahead_read_into, ahead_write,
+        ahead_concurrent, ahead_records,
     )
 }  # fmt: skip
 

@@ -33,6 +33,12 @@ ADD = ac.Kernel("fl_add", cuda=ac.CudaSource(bench_overhead.ADD, "add", (256, 1,
 EMPTY = ac.Kernel("fl_empty", cuda=ac.CudaSource(bench_overhead.ADD, "empty_kernel", (1, 1, 1)))
 N = 4096
 U, C = ac.ExecutionMode.UNCHECKED, ac.ExecutionMode.CHECKED
+GROUPS = r"""
+extern "C" __global__ void four(float* x, double d, float a, int i, unsigned n) {}
+extern "C" __global__ void five(float* x, double d, float a, long long q, int i, unsigned n) {}
+"""
+FOUR = ac.Kernel("fl_four", cuda=ac.CudaSource(GROUPS, "four", (256, 1, 1)))
+FIVE = ac.Kernel("fl_five", cuda=ac.CudaSource(GROUPS, "five", (256, 1, 1)))
 
 
 class Setup:
@@ -141,6 +147,34 @@ async def scalar_dtype() -> None:
     s.client.execute(ADD, s.count, same)
     s.client.execute(ADD, s.count, s.bindings)
     assert s.stats == (hits + 2, d0 + 3), s.stats
+    await s.client.sync()
+    await s.client.close()
+
+
+async def scalar_groups() -> None:
+    """Several scalar dtypes, bound out of ABI order, are taken too (up to four), packed
+    as the route packs them (ABI order: float64, float32, ..., int32, uint32); a fifth
+    dtype is the route's."""
+    s = await Setup().ready()
+    x = s.handles[0].binding()
+
+    def four(d: float, a: float, i: int, n: int) -> ac.Bindings:
+        b = ac.Bindings().with_buffer(x).with_scalar(np.uint32, [n]).with_scalar(np.int32, [i])
+        return b.with_scalar(np.float32, [a]).with_scalar(np.float64, [d])
+
+    s.client.execute(FOUR, s.count, four(1.0, 2.0, 3, 4))  # the route loads and checks it
+    await s.client.sync()
+    hits, d0 = s.stats
+    s.client.execute(FOUR, s.count, four(0.25, -1.5, -7, 77))
+    assert s.stats == (hits + 1, d0), s.stats
+    (pack,) = [p for p in s.server._packer._packs.values() if len(p.signature.scalars) == 4]
+    got = [pack.param_bytes(i, size) for i, size in ((1, 8), (2, 4), (3, 4), (4, 4))]
+    want = [np.float64(0.25), np.float32(-1.5), np.int32(-7), np.uint32(77)]
+    assert got == [v.tobytes() for v in want], got
+    five = four(1.0, 2.0, 3, 4).with_scalar(np.int64, [5])
+    s.client.execute(FIVE, s.count, five)
+    s.client.execute(FIVE, s.count, five)
+    assert s.stats == (hits + 1, d0 + 2), s.stats
     await s.client.sync()
     await s.client.close()
 
@@ -654,6 +688,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         taken,
         declined,
         scalar_dtype,
+        scalar_groups,
         other_stream,
         new_task,
         launch_error,

@@ -25,7 +25,8 @@ from .conftest import native_module
 
 SCENARIOS = {
     "fast_launch_scenario.py": (
-        "taken", "declined", "scalar_dtype", "other_stream", "new_task", "launch_error",
+        "taken", "declined", "scalar_dtype", "scalar_groups", "other_stream", "new_task",
+        "launch_error",
         "foreign_handle", "zero_count", "read_tensor_item", "profiling", "read_taken",
         "read_declined", "read_error", "sync_taken", "sync_wakes_once", "wait_taken",
         "spins_once", "under_trio",
@@ -53,8 +54,8 @@ SCENARIOS = {
         "warm_up_first_requests_cost_what_the_hundredth_does",
     ),
     "fast_ahead_scenario.py": (
-        "ahead_taken", "ahead_declined", "ahead_untracked", "ahead_write", "ahead_concurrent",
-        "ahead_records",
+        "ahead_taken", "ahead_declined", "ahead_untracked", "ahead_read_into", "ahead_write",
+        "ahead_concurrent", "ahead_records",
     ),
     "fast_write_scenario.py": (
         "write_taken", "write_in_flight", "write_declined", "write_error", "write_connected",

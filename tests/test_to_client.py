@@ -315,11 +315,16 @@ async def test_peer_copies_keep_the_current_context_and_its_mark_agreed() -> Non
     want = np.arange(1024, dtype=np.float32)
     async with ac.open_client("cuda:0") as a, ac.open_client("cuda:1") as b:
         h = a.create(want)
-        for _ in range(200):
-            copy = a.to_client(h, b)
-            assert int(check(cu().cuCtxGetCurrent())) == int(driver._tls.context)
-            back = b.to_client(copy, a)
-            assert int(check(cu().cuCtxGetCurrent())) == int(driver._tls.context)
+        for step in range(8):  # 50 copies a loop step: 400 in one blocked the loop 5 ms
+            await asyncio.sleep(0)  # a new step: the inline budget starts afresh
+            if step % 2:  # as past the inline budget: every copy of this step queues
+                for channel in (a._channel, b._channel):
+                    channel._inline_spent = channel.budget
+            for _ in range(25):
+                copy = a.to_client(h, b)
+                assert int(check(cu().cuCtxGetCurrent())) == int(driver._tls.context)
+                back = b.to_client(copy, a)
+                assert int(check(cu().cuCtxGetCurrent())) == int(driver._tls.context)
         np.testing.assert_array_equal(await b.read_array(copy, np.float32), want)
         np.testing.assert_array_equal(await a.read_array(back, np.float32), want)
 

@@ -151,7 +151,8 @@ class DataMovement:
         if reader is None:
             return None
         read = functools.partial(self.read_on_actor, reader=reader)
-        return self._channel.request(read, StreamId.current(), descs)
+        mids = [d.binding.memory.id for d in descs]
+        return self._channel.request_tracked(read, mids, StreamId.current(), descs)
 
     def read_into(self, desc: CopyDescriptor, out: Any) -> asyncio.Future[None]:
         """See :meth:`ComputeClient.read_into` (the caller made ``desc``)."""
@@ -162,7 +163,10 @@ class DataMovement:
         prepare = getattr(server, "prepare_read_into", None)  # else a read's own hook
         ready = self._prepare_read if prepare is None else functools.partial(prepare, outs=[target])
         on_actor = functools.partial(self.read_on_actor, reader=read, prepare=ready)
-        return self._channel.request(on_actor, StreamId.current(), [desc])
+        # tracked, as read_tensor is: queued, it leaves the other streams' commands free
+        # to run ahead (the one-call routes), where an untracked one would stop them all
+        mids = [desc.binding.memory.id]
+        return self._channel.request_tracked(on_actor, mids, StreamId.current(), [desc])
 
     def read_on_actor(
         self,

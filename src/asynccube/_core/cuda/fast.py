@@ -20,8 +20,10 @@ without surprises:
 * the device's context is current as ``driver.set_current`` last made it on this
   thread (what the route's ``activate()`` checks; asking the driver would cost a driver
   call), and no kernel recorder (profiling) is on;
-* the kernel is loaded, its count static, and there are no tensor maps; at most one
-  scalar group and at most 32 buffers;
+* the kernel is loaded, its count static, and there are no tensor maps; at most four
+  scalar groups (dtypes: ``y = a*x + b`` over ``n`` binds a float32 and a uint32 group,
+  put in ABI order by ``Bindings.ordered_scalars()``, as ArgPacker puts them) and at
+  most 32 buffers;
 * every buffer's address is known (``ServerCore._pointers``'s fast path; a buffer no
   route has used yet, a new handle, has it found and cached by the server's ``_ptr``,
   whose error, a freed handle say, leaves the launch to the route), the bindings'

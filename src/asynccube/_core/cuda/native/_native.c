@@ -121,7 +121,8 @@ static const char *name_text[N_COUNT] = {
     "buffer_size", "stream", "value", "function", "shape", "checked", "grid_ok", "cursor",
     "enabled", "ty", "num", "length", "context", "_held", "ptr", "used", "pool", "done",
     "_use_persistent", "_alloc_calls", "_next_check", "_limits", "_routes", "popleft", "remove",
-    "_periodic_cleanup", "_tainted", "_blocked", "queued", "page", "offset", "_seq"};
+    "_periodic_cleanup", "_tainted", "_blocked", "queued", "page", "offset", "_seq",
+    "ordered_scalars"};
 PyObject *attr_names[N_COUNT];
 
 int fast_init_names(void) {

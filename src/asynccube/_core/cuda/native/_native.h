@@ -119,6 +119,8 @@ int fast_init_names(void);                                                   /* 
  * _native_read.c: small reads; _native_alloc.c: pool hits). */
 
 #define MAX_BUFFERS 32
+#define MAX_SCALAR_GROUPS 4 /* a launch with more scalar dtypes takes the Python route */
+#define PK_KEY (3 + 2 * MAX_SCALAR_GROUPS)
 #define MAX_REFS (8 * MAX_BUFFERS + 32)
 
 enum {
@@ -128,7 +130,7 @@ enum {
     N_GRID_OK, N_CURSOR, N_ENABLED, N_TY, N_NUM, N_LENGTH, N_CONTEXT, N_HELD, N_PTR, N_USED,
     N_POOL, N_DONE, N_USE_PERSISTENT, N_ALLOC_CALLS, N_NEXT_CHECK, N_LIMITS, N_ROUTES,
     N_POPLEFT, N_REMOVE, N_PERIODIC, N_TAINTED, N_BLOCKED, N_QUEUED, N_PAGE, N_OFFSET, N_SEQ,
-    N_COUNT
+    N_ORDERED, N_COUNT
 };
 extern PyObject *attr_names[N_COUNT]; /* interned attribute names, by N_* */
 
@@ -148,9 +150,10 @@ typedef struct {
     };
     long max_streams;
     PyObject *fn_obj, *st_obj; /* handle caches: the last object and its value */
-    PyObject *pk_pack;         /* the pack of the last signature (n, dtype num, length,
-                                * metadata size): ArgPacker's packs are never replaced */
-    long pk_key[4];
+    PyObject *pk_pack;         /* the pack of the last signature (n, metadata size, scalar
+                                * groups, then each group's dtype num and length in ABI
+                                * order): ArgPacker's packs are never replaced */
+    long pk_key[PK_KEY];
     PyObject *sh_obj, *go_obj; /* the last kernel shape and grid_ok tuples, parsed */
     PyObject *ms_obj;          /* the last metadata array and its size (an array held
                                 * here cannot be resized in place) */
@@ -208,7 +211,9 @@ typedef struct {
 } Refs;
 /* Everything one launch needs, found before any state changes. */
 typedef struct {
-    PyObject *sid, *kernel_id, *wrapper, *scalar_data, *meta, *function, *stream;
+    PyObject *sid, *kernel_id, *wrapper, *meta, *function, *stream;
+    PyObject *scalar_data[MAX_SCALAR_GROUPS]; /* each group's bytes, in ABI order */
+    int n_groups;
     PackState *pack;
     Py_ssize_t n, meta_size;
     unsigned grid[3], shape[4];

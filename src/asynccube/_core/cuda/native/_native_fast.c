@@ -173,14 +173,14 @@ static int fill(PackState *s, Plan *p) {
         return -1;
     }
     memcpy((char *)s->storage.buf + s->ptr_offset, p->ptrs, 8 * (size_t)p->n);
-    if ((p->scalar_data != NULL) != (s->n_scalars != 0)) {
-        bad("%d scalar groups given; the signature has %zd", p->scalar_data != NULL,
-            s->n_scalars);
+    if (p->n_groups != s->n_scalars) {
+        bad("%d scalar groups given; the signature has %zd", p->n_groups, s->n_scalars);
         return -1;
     }
-    if (p->scalar_data != NULL &&
-        pack_put(s, p->scalar_data, s->scalar_off[0], s->scalar_cap[0], "scalar groups", 0) < 0)
-        return -1;
+    for (int i = 0; i < p->n_groups; i++)
+        if (pack_put(s, p->scalar_data[i], s->scalar_off[i], s->scalar_cap[i], "scalar groups",
+                     0) < 0)
+            return -1;
     if (p->meta_size == 0) return 0;
     if (s->meta_off < 0) {
         bad("metadata given, but the signature has none");

@@ -131,15 +131,23 @@ static int pointers_of(FastLaunch *f, Refs *r, Plan *p, PyObject *buffers) {
     return 1;
 }
 
-/* The pack of (n buffers, dtype num, scalar count, metadata words): the last one, or
- * ArgPacker's for the key it builds. */
-static PyObject *pack_for(FastLaunch *f, Refs *r, long key[4], PyObject *num, PyObject *len) {
+/* The pack of key (n buffers, metadata size, scalar groups, then each group's dtype num
+ * and length, in ABI order; `nums`/`lens` the same as objects): the last one, or
+ * ArgPacker's for the key it builds, (n, 0, ((num, length), ...), metadata size). */
+static PyObject *pack_for(FastLaunch *f, Refs *r, long key[PK_KEY], PyObject **nums,
+                          PyObject **lens) {
     if (f->pk_pack != NULL && memcmp(key, f->pk_key, sizeof(f->pk_key)) == 0) return f->pk_pack;
-    PyObject *msize = keep(r, PyLong_FromLong(key[3]));
-    PyObject *pair = num == NULL ? NULL : keep(r, PyTuple_Pack(2, num, len));
-    PyObject *skey = keep(r, num == NULL ? PyTuple_New(0) : pair ? PyTuple_Pack(1, pair) : NULL);
+    Py_ssize_t groups = key[2];
+    PyObject *skey = keep(r, PyTuple_New(groups));
+    if (skey == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < groups; i++) {
+        PyObject *pair = PyTuple_Pack(2, nums[i], lens[i]);
+        if (pair == NULL) return NULL;
+        PyTuple_SET_ITEM(skey, i, pair);
+    }
+    PyObject *msize = keep(r, PyLong_FromLong(key[1]));
     PyObject *nbuf = keep(r, PyLong_FromLong(key[0])), *zero = keep(r, PyLong_FromLong(0));
-    if (skey == NULL || nbuf == NULL || zero == NULL || msize == NULL) return NULL;
+    if (nbuf == NULL || zero == NULL || msize == NULL) return NULL;
     PyObject *k = keep(r, PyTuple_Pack(4, nbuf, zero, skey, msize));
     PyObject *pack = k == NULL ? NULL : PyDict_GetItemWithError(f->packs, k);
     if (pack != NULL) {
@@ -149,11 +157,37 @@ static PyObject *pack_for(FastLaunch *f, Refs *r, long key[4], PyObject *num, Py
     return pack;
 }
 
-/* The pack of the bindings' signature, already checked against the kernel. */
+/* One scalar group's dtype num (read once per dtype object for the last one seen),
+ * length and bytes, into the key's slots 3 + 2i and 4 + 2i. */
+static int group_of(FastLaunch *f, Refs *r, Plan *p, PyObject *sb, int i, long *key,
+                    PyObject **nums, PyObject **lens) {
+    PyObject *ty = get(r, sb, N_TY), *num;
+    if (ty == NULL) return 0;
+    if (ty == f->ty_obj) {
+        num = f->ty_num;
+        key[3 + 2 * i] = f->ty_val;
+    } else if ((num = get(r, ty, N_NUM)) == NULL || as_long(num, &key[3 + 2 * i]) < 0) {
+        return 0;
+    } else if (i == 0) { /* a dtype's num never changes: the first group's is kept */
+        f->ty_val = key[3];
+        Py_XSETREF(f->ty_num, Py_NewRef(num));
+        Py_XSETREF(f->ty_obj, Py_NewRef(ty));
+    }
+    nums[i] = num;
+    return (lens[i] = get(r, sb, N_LENGTH)) != NULL &&
+           (p->scalar_data[i] = get(r, sb, N_DATA)) != NULL && as_long(lens[i], &key[4 + 2 * i]) == 0;
+}
+
+/* The pack of the bindings' signature, already checked against the kernel. Up to
+ * MAX_SCALAR_GROUPS scalar groups: one is the dict's only value; several are put in ABI
+ * order by the bindings' own ordered_scalars() (ArgPacker's order: a pack is found only
+ * under the key ArgPacker stored, so an order that differed would decline, not
+ * mis-pack). */
 static int pack_of(FastLaunch *f, Refs *r, Plan *p, PyObject *loaded, PyObject *bindings) {
     PyObject *scalars = get(r, bindings, N_SCALARS), *md = get(r, bindings, N_METADATA);
-    if (scalars == NULL || !PyDict_CheckExact(scalars) || PyDict_GET_SIZE(scalars) > 1 ||
-        md == NULL || (p->meta = get(r, md, N_DATA)) == NULL)
+    if (scalars == NULL || !PyDict_CheckExact(scalars) ||
+        PyDict_GET_SIZE(scalars) > MAX_SCALAR_GROUPS || md == NULL ||
+        (p->meta = get(r, md, N_DATA)) == NULL)
         return 0;
     if (p->meta != f->ms_obj) {
         PyObject *msize = get(r, p->meta, N_SIZE);
@@ -163,27 +197,27 @@ static int pack_of(FastLaunch *f, Refs *r, Plan *p, PyObject *loaded, PyObject *
         f->ms_val = size;
     }
     p->meta_size = f->ms_val;
-    long key[4] = {(long)p->n, -1, -1, (long)p->meta_size};
-    PyObject *num = NULL, *len = NULL;
-    if (PyDict_GET_SIZE(scalars) == 1) {
+    long key[PK_KEY] = {0};
+    PyObject *nums[MAX_SCALAR_GROUPS], *lens[MAX_SCALAR_GROUPS];
+    int groups = (int)PyDict_GET_SIZE(scalars);
+    key[0] = (long)p->n;
+    key[1] = (long)p->meta_size;
+    key[2] = groups;
+    if (groups == 1) {
         Py_ssize_t pos = 0;
-        PyObject *k, *sb, *ty;
+        PyObject *k, *sb;
         PyDict_Next(scalars, &pos, &k, &sb);
-        if ((ty = get(r, sb, N_TY)) == NULL) return 0;
-        if (ty != f->ty_obj) { /* a dtype's num never changes: read it once per dtype */
-            long v;
-            if ((num = get(r, ty, N_NUM)) == NULL || as_long(num, &v) < 0) return 0;
-            f->ty_val = v;
-            Py_XSETREF(f->ty_num, Py_NewRef(num));
-            Py_XSETREF(f->ty_obj, Py_NewRef(ty));
-        }
-        num = f->ty_num;
-        key[1] = f->ty_val;
-        if ((len = get(r, sb, N_LENGTH)) == NULL || (p->scalar_data = get(r, sb, N_DATA)) == NULL ||
-            as_long(len, &key[2]) < 0)
+        if (!group_of(f, r, p, sb, 0, key, nums, lens)) return 0;
+    } else if (groups > 1) {
+        PyObject *ordered =
+            keep(r, PyObject_CallMethodNoArgs(bindings, attr_names[N_ORDERED]));
+        if (ordered == NULL || !PyList_CheckExact(ordered) || PyList_GET_SIZE(ordered) != groups)
             return 0;
+        for (int i = 0; i < groups; i++)
+            if (!group_of(f, r, p, PyList_GET_ITEM(ordered, i), i, key, nums, lens)) return 0;
     }
-    PyObject *pack = pack_for(f, r, key, num, len);
+    p->n_groups = groups;
+    PyObject *pack = pack_for(f, r, key, nums, lens);
     PyObject *checked = get(r, loaded, N_CHECKED);
     if (pack == NULL || checked == NULL || !PyAnySet_Check(checked)) return 0;
     if (PySet_Contains(checked, pack) != 1) return 0;

@@ -20,6 +20,7 @@ from ._twin_launch import launch
 __all__ = ["FastLaunch"]
 
 _MAX_BUFFERS = 32
+_MAX_SCALAR_GROUPS = 4  # as the C module: a launch with more scalar dtypes takes the route
 _SPIN_S = 30e-6  # as CompletionWatcher's sync_spin_seconds
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY
 _PROBE_EVERY = 32  # mode 2: a read in this many defers, to find other tasks
@@ -43,7 +44,7 @@ class _Plan:
     nbytes: int
     pack: Any
     ptrs: list[int]
-    scalar: Any
+    scalar: Any  # each scalar group's bytes in ABI order (a list), or None: no group
     shape: tuple[int, int, int, int]
     sid: Any
     stream: Any
@@ -619,13 +620,13 @@ class FastLaunch:
 
     def _pack_of(self, p: _Plan, loaded: Any, bindings: Any) -> bool:
         scalars = bindings.scalars
-        if type(scalars) is not dict or len(scalars) > 1:
+        if type(scalars) is not dict or len(scalars) > _MAX_SCALAR_GROUPS:
             return False
         p.meta = bindings.metadata.data
-        if scalars:
-            (sb,) = scalars.values()
-            skey: tuple[Any, ...] = ((sb.ty.num, sb.length),)
-            p.scalar = sb.data
+        if scalars:  # in ABI order (ArgPacker's), as _native_plan.c's pack_of puts them
+            groups = list(scalars.values()) if len(scalars) == 1 else bindings.ordered_scalars()
+            skey: tuple[Any, ...] = tuple([(sb.ty.num, sb.length) for sb in groups])
+            p.scalar = [sb.data for sb in groups]
         else:
             skey, p.scalar = (), None
         pack = self.packs.get((len(p.ptrs), 0, skey, p.meta.size))
@@ -668,7 +669,7 @@ class FastLaunch:
             return
         try:
             meta = p.meta if p.meta.size else None
-            scalars = None if p.scalar is None else [p.scalar]
+            scalars = p.scalar
             if p.pack.scalars and scalars is None:
                 scalars = []  # fill() then names the missing group
             bx, by, bz, smem = p.shape
