@@ -58,7 +58,10 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 int cuEventRecord(void *e, void *s) { return 0; }
 int fake_pending = 0; /* not 0: the device has not passed what was queued */
 int cuEventQuery(void *e) { return fake_pending ? 600 : 0; } /* CUDA_ERROR_NOT_READY */
-int cuStreamWaitEvent(void *s, void *e, unsigned flags) { return 0; }
+int fake_fail_wait = 0; /* set to a CUresult: every cuStreamWaitEvent fails with it */
+u64 fake_waited[2]; /* the stream and the event of the last cuStreamWaitEvent */
+int cuStreamWaitEvent(void *s, void *e, unsigned flags)
+    { fake_waited[0] = (u64)s; fake_waited[1] = (u64)e; return fake_fail_wait; }
 int fake_fail_htod = 0; /* set to a CUresult: every host-to-device copy fails with it */
 int cuMemcpyHtoDAsync_v2(u64 d, const void *h, unsigned long n, void *s) { return fake_fail_htod; }
 int fake_fail_dtoh = 0; /* set to a CUresult: every device-to-host copy fails with it */
@@ -164,6 +167,11 @@ class FakeDriver:
 
     def cuMemcpyHtoDAsync(self, *args: Any) -> tuple[int]:
         return (ctypes.c_int.in_dll(self._lib, "fake_fail_htod").value,)  # as the C fake
+
+    def cuStreamWaitEvent(self, stream: Any, event: Any, flags: int) -> tuple[int]:
+        waited = (ctypes.c_uint64 * 2).in_dll(self._lib, "fake_waited")  # as the C fake
+        waited[0], waited[1] = int(stream), int(event)
+        return (ctypes.c_int.in_dll(self._lib, "fake_fail_wait").value,)
 
     def cuLaunchKernel(self, fn: Any, gx: int, *args: Any) -> tuple[int]:
         return (1 if gx == 777 else 0,)  # as the C fake: a grid of 777 fails

@@ -211,6 +211,7 @@ async def alloc_after_read() -> None:
         hits = s.stats[0]
         (data,) = await c.read([h])
         assert len(data) == size and (s.stats[0] == hits + 1) is read_taken, s.stats
+        await s.idle()  # while h is held: its drop must reach the route, not a batch end
         del h
         hits = s.stats[0]
         h = c.empty(size)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
+import ctypes
 import gc
 import pstats
 from collections.abc import Awaitable, Callable
@@ -22,7 +23,8 @@ import numpy as np
 from asynccube._core.client import dlpack
 from asynccube._core.client.client import ComputeClient
 from asynccube._core.cuda import interop as cuda_interop
-from fast_launch_scenario import ACTIVE, ac, main
+from fast_launch_scenario import ACTIVE, ADD, Setup, U, ac, bench_overhead_lib, main
+from tasks import actor_idle
 
 ADDRESS = 0x7000_0000
 """The fake producer's device address (the no-op driver never touches it)."""
@@ -136,7 +138,8 @@ def _calls(fn: Callable[[], Any], n: int = 50) -> float:
 async def dlpack_calls_per_exchange() -> None:
     """Python calls per import and export on the compiled path, counted by cProfile
     (the producer's own capsule included in the import): 103 and 65 before these were
-    cut (issue 38), 75 and 56 after (the twin: 104 and 73, 95 and 69)."""
+    cut (issue 38), 75 and 56 after, 75 and 36 with the export's ordering in one call
+    (``FastLaunch.export``; the twin, which keeps the Python route: 94 and 66)."""
     _, client = _client()
     t = client.create_array(np.arange(1024, dtype=np.float32))
     await client.sync()
@@ -147,7 +150,95 @@ async def dlpack_calls_per_exchange() -> None:
     await client.sync()
     if ACTIVE == "native":  # the twin's calls go through ctypes and Python wrappers
         assert imports <= 88, imports
-        assert exports <= 61, exports
+        assert exports <= 40, exports
+    await client.close()
+
+
+async def dlpack_export_in_one_call() -> None:
+    """``FastLaunch.export`` (compiled and twin): a buffer last used on the task's stream
+    is exported in one call: its address, its stamp moved to the stream's next cursor (as
+    ``resolve``), the server's export event recorded and the consumer's stream made to
+    wait for it. Declined (None, nothing changed) for a buffer last used by another
+    task's stream, with an error held, or behind a command queued on its stream; bad
+    handles raise InvalidArgument, a refused wait the driver's error. The client takes
+    it for ``__dlpack__(stream=...)`` on the compiled path (``one_call_export``), and the
+    capsule's lease is released with the capsule."""
+    s = await Setup().ready()
+    client, server = s.client, s.server
+    fast: Any = client._fast
+    lib = bench_overhead_lib()
+    waited = (ctypes.c_uint64 * 2).in_dll(lib, "fake_waited")
+    streams = server._streams
+    sid = ac.StreamId.current()
+    wrapper = streams.streams.slots[sid.value % streams.max_streams]
+    out = s.handles[2].binding()
+    event = server.export_event()
+    assert event == server.export_event() != 0, "one event per server"
+    hits, declined = fast.export_stats
+    cursor = wrapper.cursor
+    address = fast.export(out, 0x5000, event)
+    assert address == server._ptr(out), (address, server._ptr(out))
+    assert fast.export_stats == (hits + 1, declined), fast.export_stats
+    assert streams.last_use[out.memory.id] == (sid, cursor + 1) == (sid, wrapper.cursor)
+    assert tuple(waited) == (0x5000, event), tuple(waited)
+
+    def refused(why: str) -> None:
+        before = (fast.export_stats[0], wrapper.cursor, streams.last_use.get(out.memory.id))
+        assert fast.export(out, 0x5000, event) is None, why
+        after = (fast.export_stats[0], wrapper.cursor, streams.last_use.get(out.memory.id))
+        assert after == before, (why, before, after)
+
+    refused_types = fast.export_stats[1]
+    assert fast.export("not a binding", 0x5000, event) is None
+    assert fast.export_stats[1] == refused_types + 1
+    for consumer, ev in ((0, event), (0x5000, 0), ("a stream", event), (0x5000, None)):
+        try:
+            fast.export(out, consumer, ev)
+        except ac.InvalidArgument:
+            pass
+        else:
+            raise AssertionError(f"export({consumer!r}, {ev!r}) did not raise")
+
+    async def other() -> None:  # another task's stream uses the buffer last
+        client.execute(ADD, s.count, s.bindings, U)
+
+    await asyncio.create_task(other())
+    refused("last used on another stream")
+    await client.sync()
+    client.execute(ADD, s.count, s.bindings, U)  # this stream's again: taken
+    assert fast.export(out, 0x5000, event) == address
+    client._channel._inline_spent = 1.0  # the budget spent: a new grid's launch queues
+    client.execute(ADD, ac.CubeCount(s.count.x * 2), s.bindings)
+    assert client._channel._queue, "queued"
+    refused("a command of its stream queued")
+    await client.sync()
+    await actor_idle(client)
+    client.execute(ADD, ac.CubeCount(777), s.bindings, U)  # fails: held, buffers tainted
+    refused("an error held")
+    assert await Setup.failure(client.sync(), ac.DeviceError) is not None
+    s.rewrite()
+    await client.sync()
+    await actor_idle(client)
+    fail = ctypes.c_int.in_dll(lib, "fake_fail_wait")
+    fail.value = 1  # CUDA_ERROR_INVALID_VALUE
+    raised: BaseException | None = None
+    try:
+        fast.export(out, 0x5000, event)
+    except ac.AsyncCubeError as exc:
+        raised = exc
+    finally:
+        fail.value = 0
+    assert raised is not None and "cuStreamWaitEvent" in str(raised), raised
+    t = client.tensor(s.handles[2], (s.count.x * 256,), np.float32)
+    live, hits = server._exports.live, fast.export_stats[0]
+    capsule = t.__dlpack__(stream=0x5000)
+    taken = fast.export_stats[0] - hits
+    assert taken == (1 if ACTIVE == "native" else 0), taken
+    assert waited[0] == 0x5000 and server._exports.live == live + 1
+    del capsule
+    gc.collect()
+    assert server._exports.live == live, "the lease went with the capsule"
+    await client.sync()
     await client.close()
 
 
@@ -157,6 +248,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         dlpack_import_waits_on_the_legacy_stream,
         dlpack_import_keeps_the_producer_until_dropped,
         dlpack_calls_per_exchange,
+        dlpack_export_in_one_call,
     )
 }
 

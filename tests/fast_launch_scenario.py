@@ -28,6 +28,7 @@ from asynccube._core.cuda.native.hotpath import ACTIVE  # noqa: E402
 from asynccube._core.cuda.transfers import SMALL_WRITE  # noqa: E402
 from asynccube._core.profiling.records import KernelRecorder, ProfilingLevel  # noqa: E402
 from asynccube._core.testing.ticks import loop_ticks  # noqa: E402
+from tasks import actor_idle  # noqa: E402
 
 ADD = ac.Kernel("fl_add", cuda=ac.CudaSource(bench_overhead.ADD, "add", (256, 1, 1)))
 EMPTY = ac.Kernel("fl_empty", cuda=ac.CudaSource(bench_overhead.ADD, "empty_kernel", (1, 1, 1)))
@@ -72,7 +73,12 @@ class Setup:
     async def ready(self) -> Setup:
         self.client.execute(ADD, self.count, self.bindings)  # compiles, loads, checks
         await self.client.sync()
+        await self.idle()
         return self
+
+    async def idle(self) -> None:
+        """Let the client's actor go back to waiting for work (``tasks.actor_idle``)."""
+        await actor_idle(self.client)
 
     @property
     def stats(self) -> tuple[int, int]:
@@ -467,7 +473,7 @@ async def under_trio() -> None:
         await client.sync()
         fast = client._fast_sync
         hits = fast.hits
-        client._channel._inline_spent = 0.0  # a slow step (a loaded machine) spent it
+        await actor_idle(client)
         client.execute(EMPTY, one, none, U)
         fut = client.sync()
         assert not isinstance(fut, LaterFuture) and not fut.done()

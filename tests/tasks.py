@@ -28,3 +28,18 @@ async def in_task(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     if errors:
         raise errors[0]
     return out[0]
+
+
+async def actor_idle(client: Any) -> None:
+    """Let ``client``'s actor go back to waiting for work, in a fresh loop iteration
+    (for tests that count the one-call routes). On a loaded machine a command the actor
+    ran (a compile, a large read, a sync) can outlast its drain's budget: it then yields
+    once before it waits again, and a step of the test can spend the loop iteration's
+    inline budget. A route offered meanwhile declines (commands must not pass the one the
+    actor is inside), which is right, but not what such a test checks."""
+    channel = client._channel
+    for _ in range(100):
+        await channel.backend.checkpoint()
+        if channel._wakeup is not None and not channel._queue:
+            return
+    raise AssertionError("the actor did not go idle in 100 loop steps")

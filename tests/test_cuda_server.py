@@ -18,6 +18,7 @@ import asynccube as ac
 from asynccube._core.values.bindings import TensorMapBinding, TensorMapMeta, TiledFormat
 
 from .kernels import ADD, add_bindings, blocks
+from .tasks import actor_idle
 
 pytestmark = [pytest.mark.cuda, pytest.mark.asyncio]
 
@@ -413,6 +414,7 @@ async def test_create_stages_each_body_until_the_device_copied_it(
     gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(0.0))  # loads SPIN
     dropped = [gpu.empty(size) for _ in range(2 * n)]  # slices for fast.empty to take
     await gpu.sync()
+    await actor_idle(gpu)  # after the load: the routes below are what is counted
     del dropped
     gpu.execute(SPIN, ac.CubeCount(1), spin_bindings(0.05))
     hits = fast.write_stats[0]

@@ -42,6 +42,7 @@ SCENARIOS = {
     "fast_dlpack_scenario.py": (
         "dlpack_import_waits_on_the_legacy_stream",
         "dlpack_import_keeps_the_producer_until_dropped", "dlpack_calls_per_exchange",
+        "dlpack_export_in_one_call",
     ),
     "fast_exclusive_scenario.py": ("exclusive_held", "exclusive_own"),
     "fast_reduce_scenario.py": (

@@ -102,6 +102,17 @@ sent it back and it is still that range: the same slice object, page and offset)
 the manager's periodic cleanup runs when due, as in ``reserve``. None:
 the route takes it (the persistent mode, a size that is not exactly an int, a dropped
 slice the device may still use, or no slice that fits).
+
+``fast.export(item, consumer, event)`` (``_native_write.c``) takes the ordering of a
+DLPack export with a consumer stream (``tensor.__dlpack__(stream=...)``, what
+``torch.from_dlpack`` and ``cupy.from_dlpack`` call: ``client/interop.py``) on the
+conditions of a read, of any size: it stamps the buffer on the task's stream as
+``resolve`` does, records ``event`` (the server's one export event,
+``InteropOps.export_event``) there and makes ``consumer`` (a raw stream handle, whose
+device the caller checked) wait for it, as ``export_to_stream`` does; it returns the
+address of the item's first byte. A refused record or wait raises the driver's error
+there, as the route's does. None: nothing changed, the route exports. The client offers
+it on the compiled path only (``InteropOps.one_call_export``); ``export_stats`` counts it.
 """
 
 from __future__ import annotations

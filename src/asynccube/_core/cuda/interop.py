@@ -13,7 +13,7 @@ from ..values.stream_id import StreamId
 from ..values.types import Binding, Handle
 from .driver import check, cu, error_from
 from .exports import Gate, Lease
-from .native.hotpath import hot
+from .native.hotpath import ACTIVE, hot
 from .state import ServerCore
 
 __all__ = ["InteropOps"]
@@ -21,6 +21,12 @@ __all__ = ["InteropOps"]
 
 class InteropOps(ServerCore):
     """Export hooks used by :mod:`asynccube._core.client.interop`."""
+
+    one_call_export = ACTIVE == "native"
+    """A DLPack export with a consumer stream takes ``FastLaunch.export`` (the buffer's
+    stamp, the event and the consumer's wait in one call) before the route below. Only
+    with the compiled module: the twin's route (the same steps, tested as such) costs
+    more than this class's own path (9.8 against 13.0 µs on the no-op driver)."""
 
     def export_pointer(self, binding: Binding, stream: StreamId) -> tuple[int, int]:
         """The device address of ``binding`` and the raw handle of the CUDA stream
@@ -123,6 +129,26 @@ class InteropOps(ServerCore):
             gate.open_now()
             raise
         gate.open_on(resolved.stream)
+
+    def export_event(self) -> int:
+        """The raw handle of the event the one-call export records (``FastLaunch.export``):
+        one per server, taken from the pool at the first export and given back at close.
+        One serves every export: a stream's wait captures the event's state when issued."""
+        handle: int = self._export_event_handle
+        if not handle:
+            event = self._events.take()
+            self.close_hooks.append(lambda: self._events.give(event))
+            handle = self._export_event_handle = int(event)
+        return handle
+
+    def export_lease(self, binding: Binding) -> Lease:
+        """The lease of a one-call export of ``binding`` (its address found by the route)."""
+        return self._lease(binding)
+
+    def check_consumer(self, consumer: int) -> None:
+        """DLPackError unless the stream ``consumer`` (a raw handle, not 1 or 2) belongs to
+        this device's context (before a one-call export orders it)."""
+        self._check_same_device(consumer)
 
     def _lease(self, binding: Binding) -> Lease:
         """A lease on the export of ``binding``, keeping what its memory belongs to

@@ -168,6 +168,7 @@ class CudaServer(LaunchOps, TransferOps, LifecycleOps, InteropOps, ForeignOps):
         self._exports = ExportLeases()
         self._gates = Gates()
         self._export_stream: Any = None
+        self._export_event_handle = 0
         self.recorder = recorder if recorder is not None else KernelRecorder()
         self._timed: deque[TimedOp] = deque()
         self._epoch_event, self._epoch_ns = self._epoch()

@@ -110,6 +110,7 @@ class ServerCore(SliceServer[SliceHandle]):
     _exports: ExportLeases
     _gates: Gates
     _export_stream: Any
+    _export_event_handle: int
 
     @property
     def context(self) -> DeviceContext:

@@ -199,6 +199,7 @@ typedef struct {
     PyObject *small_writes, *write_miss;
     long write_max;
     unsigned long long w_hits, w_declined;
+    unsigned long long x_hits, x_declined; /* export() */
     Py_ssize_t h_off[6], t_off[2];
     unsigned sh_val[4], go_val[3];
     unsigned long long fn_val, st_val;
@@ -262,6 +263,8 @@ int plan_queued(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a);
 /* The same for a read of `item` (a Handle or Binding): channel, no held error, stream,
  * address, size (p->nbytes), stream slot; 0 when the Python route must take it. */
 int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item);
+/* The same for an export of `item` (DLPack), of any size. */
+int plan_export(FastLaunch *f, Refs *r, Plan *p, PyObject *item);
 
 /* The same for a write of `data` (bytes of exactly the binding's length, at most
  * f->write_max) into `item`: channel, no tainted buffer, stream, address, stream slot;
@@ -301,5 +304,7 @@ PyObject *fast_set_alloc(PyObject *self, PyObject *args);
 PyObject *fast_write(PyObject *self, PyObject *const *a, Py_ssize_t n);
 PyObject *fast_set_write(PyObject *self, PyObject *args);
 PyObject *fast_write_stats(PyObject *self, void *unused);
+PyObject *fast_export(PyObject *self, PyObject *const *a, Py_ssize_t n);
+PyObject *fast_export_stats(PyObject *self, void *unused);
 
 #endif

@@ -322,6 +322,8 @@ static PyMethodDef fast_methods[] = {
      "read(item) -> a future of [bytes], or None: the Python route takes it (fast.py)"},
     {"write", (PyCFunction)(void (*)(void))fast_write, METH_FASTCALL,
      "write(item, data) -> bool: a small write of a whole buffer, or False: the route"},
+    {"export", (PyCFunction)(void (*)(void))fast_export, METH_FASTCALL,
+     "export(item, consumer, event) -> the address, ordered for the consumer, or None"},
     {"set_write", fast_set_write, METH_VARARGS,
      "set_write(small_writes, small_max, miss): what write() needs (fast.py)"},
     {"set_read", fast_set_read, METH_VARARGS,
@@ -351,6 +353,8 @@ static PyGetSetDef fast_getset[] = {
     {"defer_stats", fast_defer_stats, NULL,
      "(reads deferred, of them handed to the route's completion)", NULL},
     {"write_stats", fast_write_stats, NULL, "stats of write(): (taken, left to the route)",
+     NULL},
+    {"export_stats", fast_export_stats, NULL, "stats of export(): (taken, left to the route)",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

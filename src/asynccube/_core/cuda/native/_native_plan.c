@@ -318,7 +318,9 @@ int plan_queued(FastLaunch *f, Refs *r, Plan *p, PyObject *const *a) {
 }
 
 
-int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item) {
+/* plan_read and plan_export: one buffer of at most `max` bytes, no error held and no buffer
+ * tainted, the task's stream, the buffer last used on its slot. */
+static int plan_one(FastLaunch *f, Refs *r, Plan *p, PyObject *item, long max) {
     if (Py_TYPE(item) != (PyTypeObject *)f->handle_t &&
         Py_TYPE(item) != (PyTypeObject *)f->binding_t)
         return 0;
@@ -332,9 +334,17 @@ int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item) {
     if (one == NULL) return 0;
     PyList_SET_ITEM(one, 0, Py_NewRef(item));
     long own;
-    if (!pointers_of(f, r, p, one) || p->nbytes <= 0 || p->nbytes > f->small_max) return 0;
+    if (!pointers_of(f, r, p, one) || p->nbytes <= 0 || p->nbytes > max) return 0;
     if (!own_slot(f, r, p, one, &own)) return 0;
     return (p->stream = get(r, p->wrapper, N_STREAM)) != NULL;
+}
+
+int plan_read(FastLaunch *f, Refs *r, Plan *p, PyObject *item) {
+    return plan_one(f, r, p, item, f->small_max);
+}
+
+int plan_export(FastLaunch *f, Refs *r, Plan *p, PyObject *item) {
+    return plan_one(f, r, p, item, LONG_MAX);
 }
 
 

@@ -1,5 +1,6 @@
 /* asynccube._core.cuda.native._native: FastLaunch.write, a small write's whole route in one
- * call (see fast.py; the twin is FastLaunch.write in _twin_fast.py).
+ * call, and FastLaunch.export, a DLPack export's ordering in one call (see fast.py; the
+ * twins are FastLaunch.write and .export in _twin_fast.py).
  *
  * fast.write(item, data) -> bool. It takes what ComputeClient.create's copy runs through
  * Channel.send (inline) -> DataMovement.write_on_actor -> Channel.fire_writing ->
@@ -13,7 +14,17 @@
  * holds the copy's stamp: it is reused once a completed read or sync of that stream
  * passes it, never earlier, and the server releases the spares at its close. A copy the
  * driver refuses is held for the stream and taints the buffer, as fire_writing does.
- * False means nothing changed and the Python route takes the write. */
+ * False means nothing changed and the Python route takes the write.
+ *
+ * fast.export(item, consumer, event) -> int or None: a DLPack export's ordering in one
+ * call (client/interop.py; the twin is FastLaunch.export). It takes what
+ * InteropOps.export_to_stream runs for `item` on the task's stream (the channel ready as
+ * for a read, no error held, no buffer tainted, a known address, the buffer last used on
+ * this stream's slot): the buffer stamped as used at the stream's next cursor (resolve),
+ * `event` recorded on the stream and the consumer's stream (a raw handle; its device
+ * checked by the caller) made to wait for it on the device. The address of the item's
+ * first byte, or None: nothing changed, the Python route exports. A driver error of the
+ * record or the wait raises as the route's does (the buffer stays stamped, as there). */
 #include <stddef.h>
 
 #include "_native.h"
@@ -142,6 +153,58 @@ PyObject *fast_write(PyObject *self, PyObject *const *a, Py_ssize_t n) {
                respare(list, buf, p.stamp) == 0 && after(f, &r, &p) == 0) {
         f->w_hits++;
         result = Py_NewRef(Py_True);
+    }
+    for (int i = 0; i < r.n; i++) Py_DECREF(r.ref[i]);
+    return result;
+}
+
+PyObject *fast_export_stats(PyObject *self, void *unused) {
+    FastLaunch *f = (FastLaunch *)self;
+    return Py_BuildValue("(KK)", f->x_hits, f->x_declined);
+}
+
+/* `event` recorded on the planned stream, and `consumer` made to wait for it. */
+static int order_after(FastLaunch *f, unsigned long long consumer, unsigned long long event) {
+    const char *what = "cuEventRecord";
+    CUresult err = cu.event_record((CUh)(uintptr_t)event, (CUh)(uintptr_t)f->st_val);
+    if (err == 0) {
+        what = "cuStreamWaitEvent";
+        err = cu.wait_event((CUh)(uintptr_t)consumer, (CUh)(uintptr_t)event, 0);
+    }
+    if (err == 0) return 0;
+    PyObject *exc = PyObject_CallFunction(f->error_from, "is", err, what);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return -1;
+}
+
+PyObject *fast_export(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    FastLaunch *f = (FastLaunch *)self;
+    unsigned long long consumer, event;
+    if (nargs_ok(n, 3, "FastLaunch.export") < 0 ||
+        as_u64(a[1], "export's consumer stream", &consumer) < 0 ||
+        as_u64(a[2], "export's event", &event) < 0)
+        return NULL;
+    if (consumer == 0 || event == 0)
+        return bad("export needs a consumer stream and an event, not a null handle");
+    Refs r;
+    r.n = 0;
+    Plan p;
+    memset(&p, 0, offsetof(Plan, mids));
+    PyObject *result = NULL;
+    int ok = plan_export(f, &r, &p, a[0]) &&
+             cached_handle(&f->st_obj, &f->st_val, p.stream) == 0;
+    if (!ok) {
+        if (declined_quietly()) { /* the Python route meets whatever stopped this one */
+            f->x_declined++;
+            result = Py_NewRef(Py_None);
+        }
+    } else if (commit(f, &r, &p) == 0 && order_after(f, consumer, event) == 0 &&
+               after(f, &r, &p) == 0) {
+        f->x_hits++;
+        result = PyLong_FromUnsignedLongLong(p.ptrs[0]);
     }
     for (int i = 0; i < r.n; i++) Py_DECREF(r.ref[i]);
     return result;

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ._twin_alloc import Allocator
-from ._twin_args import _need_driver
+from ._twin_args import _need_driver, _u64
 from ._twin_args import state as _driver
 from ._twin_launch import launch
 
@@ -65,6 +65,7 @@ class FastLaunch:
         "max_streams", "mode_t", "on_loop", "open_state", "owned", "packs", "pinned", "ptr_miss",
         "recorder", "slots", "small_max", "small_reads", "small_writes", "table", "task_arg",
         "task_fn", "tls", "w_declined", "w_hits", "wake", "write_max", "write_miss",
+        "x_declined", "x_hits",
     )  # fmt: skip
 
     def __init__(self, *args: Any) -> None:
@@ -87,6 +88,7 @@ class FastLaunch:
         self.write_miss: Any = None
         self.write_max = 0
         self.w_hits = self.w_declined = 0
+        self.x_hits = self.x_declined = 0
         self.ptr_miss: Any = None
         self._allocator: Allocator | None = None
         self._footprint: Any = None
@@ -413,6 +415,11 @@ class FastLaunch:
         return fut
 
     def _plan_read(self, item: Any) -> _Plan | None:
+        return self._plan_one(item, self.small_max)
+
+    def _plan_one(self, item: Any, most: int | None) -> _Plan | None:
+        """A read's or an export's plan: one buffer of at most ``most`` bytes (None: any),
+        no error held and no buffer tainted, the task's stream, its own slot."""
         if type(item) is not self.handle_t and type(item) is not self.binding_t:
             return None
         p = _Plan()
@@ -421,10 +428,45 @@ class FastLaunch:
             return None  # an error is held or a buffer tainted: the route raises it
         if not self._stream_of(p) or not self._pointers_of(p, [item]):
             return None
-        if not 0 < p.nbytes <= self.small_max or not self._own_slot(p, [item]):
+        if p.nbytes <= 0 or (most is not None and p.nbytes > most):
+            return None
+        if not self._own_slot(p, [item]):
             return None
         p.stream = p.wrapper.stream
         return p
+
+    def export(self, item: Any, consumer: Any, event: Any) -> int | None:
+        """A DLPack export's ordering: ``item``'s address, its buffer stamped on the
+        task's stream, ``event`` recorded there and ``consumer`` made to wait for it; or
+        None (see ``_native_write.c``)."""
+        from ...errors import InvalidArgument
+
+        consumer = _u64(consumer, "export's consumer stream")
+        event = _u64(event, "export's event")
+        if not consumer or not event:
+            raise InvalidArgument("export needs a consumer stream and an event, not a null handle")
+        try:
+            p = self._plan_one(item, None)
+        except Exception:  # the Python route meets (and raises) whatever stopped this one
+            p = None
+        if p is None:
+            self.x_declined += 1
+            return None
+        self._commit(p)
+        d = _driver["d"]
+        what, err = "cuEventRecord", d.cuEventRecord(event, p.stream)[0]
+        if not err:
+            what, err = "cuStreamWaitEvent", d.cuStreamWaitEvent(consumer, event, 0)[0]
+        if err:
+            raise self.error_from(err, what)
+        self.channel.ran_inline()  # as _native_fast.c's after()
+        self.x_hits += 1
+        return int(p.ptrs[0])
+
+    @property
+    def export_stats(self) -> tuple[int, int]:
+        """Stats of :meth:`export`: (taken, left to the Python route)."""
+        return self.x_hits, self.x_declined
 
     def _issue(self, p: _Plan, spare: list[Any], cursor: int) -> Any:
         buf = spare.pop()
