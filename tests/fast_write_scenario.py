@@ -14,6 +14,8 @@ import ctypes
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
+
 from fast_launch_scenario import (
     ACTIVE,
     ADD,
@@ -303,6 +305,58 @@ async def write_large_helped() -> None:
     await c.close()
 
 
+async def read_into_off_the_loop() -> None:
+    """A ``read_into`` (so ``read_array``) whose target is not page-locked copies the
+    staged bytes back in a worker thread from ``OFF_LOOP_COPY`` bytes, on the loop below
+    it, the pinned buffer back in the pool once the copy is done; a copy that raises
+    fails the read with its error, the buffer back as well, and the client serves on."""
+    import threading
+
+    from asynccube._core.cuda import transfers
+
+    s = await Setup().ready()
+    c = s.client
+    pool = s.server._pinned
+    on_loop = threading.get_ident()
+    threads: list[int] = []
+    failing: list[BaseException] = []
+    real = transfers.hot.copy_into
+
+    def recorded(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        if failing:
+            raise failing[0]
+        return real(*args)
+
+    big = transfers.OFF_LOOP_COPY
+    small = big // 2  # still through copy_into (>= COPY_SPLIT), on the loop
+    assert small >= transfers.COPY_SPLIT
+    transfers.hot.copy_into = recorded  # type: ignore[attr-defined]
+    try:
+        for size, off in ((big, True), (small, False)):
+            h = c.create(bytes(size))
+            out = bytearray(size)
+            await c.read_into(h, out)  # its staging buffer made, then cached by the pool
+            await c.sync()
+            cached, threads[:] = pool.cached, []
+            await c.read_into(h, out)
+            assert threads and all((t != on_loop) is off for t in threads), (size, threads)
+            assert pool.cached == cached, "the staging buffer back in the pool"
+        h = c.create(bytes(big))
+        await c.sync()
+        cached = pool.cached
+        failing.append(RuntimeError("the copy failed"))
+        raised = await Setup.failure(c.read_into(h, bytearray(big)), RuntimeError)
+        assert raised is not None and "the copy failed" in str(raised), raised
+        assert pool.cached == cached, "the staging buffer back after a failed copy too"
+        failing.clear()
+        array = await c.read_array(h, np.uint8)
+        assert array.nbytes == big and array.flags.writeable
+    finally:
+        transfers.hot.copy_into = real  # type: ignore[attr-defined]
+    await c.close()
+
+
 SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
     f.__name__: f
     for f in (
@@ -312,6 +366,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         write_error,
         write_connected,
         write_large_helped,
+        read_into_off_the_loop,
     )
 }
 

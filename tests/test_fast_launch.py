@@ -60,7 +60,7 @@ SCENARIOS = {
     ),
     "fast_write_scenario.py": (
         "write_taken", "write_in_flight", "write_declined", "write_error", "write_connected",
-        "write_large_helped",
+        "write_large_helped", "read_into_off_the_loop",
     ),
     "fast_alloc_scenario.py": (
         "alloc_taken", "alloc_declined", "alloc_passed", "alloc_other_task", "alloc_create",

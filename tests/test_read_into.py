@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -20,6 +21,8 @@ pytestmark = pytest.mark.anyio
 SIZES = [4, 4096, 3 << 20]  # small, a page, over the 1 MiB copy split
 DATA = {n: (np.arange(n, dtype=np.uint32) * 2654435761 >> 24).astype(np.uint8) for n in SIZES}
 """Bytes without a short period, made at import (3 MiB of them would lag the loop)."""
+BIG = np.tile(DATA[3 << 20], 3)[: 8 << 20]
+"""8 MiB of them (a large read's), made at import as well."""
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -155,6 +158,43 @@ async def test_page_locked_data_is_written_without_a_host_copy(
         monkeypatch.undo()
     assert np.array_equal(out, DATA[n])
     assert copies == []
+
+
+@pytest.mark.cuda
+async def test_large_reads_into_new_arrays_copy_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``read_array`` of 8 MiB (the two-GPU all_reduce test reads two): the copy out of
+    its staging buffer runs in a worker thread, not on the loop (8.8 ms there under the
+    GPU suite's load), and the new array holds the bytes; below ``OFF_LOOP_COPY`` the
+    copy stays on the loop (shorter than the thread hop)."""
+    import threading
+
+    from asynccube._core.cuda import transfers
+
+    on_loop = threading.get_ident()
+    threads: list[int] = []
+    real = transfers.hot.copy_into
+
+    def recorded(*args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(*args)
+
+    data = BIG
+    async with ac.open_client("cuda:0") as gpu:
+        handle = gpu.create(data)
+        monkeypatch.setattr(transfers.hot, "copy_into", recorded)
+        array = await gpu.read_array(handle, np.uint8)
+        assert threads and on_loop not in threads, threads
+        threads.clear()
+        half = transfers.OFF_LOOP_COPY // 2
+        small = gpu.create(data[:half])  # (its body is staged by copy_into too, here)
+        threads.clear()
+        part = await gpu.read_array(small, np.uint8)
+        assert threads == [on_loop], threads
+        monkeypatch.undo()
+    same = await anyio.to_thread.run_sync(np.array_equal, array, data)  # 8 MiB: off the loop
+    assert same and np.array_equal(part, data[:half])
 
 
 _KEPT_TO_EXIT = """

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from ..errors import AsyncCubeError, Unknown
-from ..server.protocol import Completion
+from ..server.protocol import Completion, OffLoop
 from ..values.stream_id import StreamId
 from .awaitable import new_future
 from .completion import CompletionWatcher
@@ -55,6 +55,8 @@ class Settling:
     """The server's ``taint``: marks buffers tainted in stream order (after the work
     queued before), or None to mark them at once."""
     loop: asyncio.AbstractEventLoop
+    backend: Any
+    _cancelled: tuple[type[BaseException], ...]
     watcher: CompletionWatcher
     _held: HeldErrors
     server: Any
@@ -213,7 +215,29 @@ class Settling:
         except BaseException as exc:
             self._settle(fut, stream, mark, None, exc)
             return
+        if type(value) is OffLoop:  # its work in a worker thread, then settled here
+            self.loop.create_task(self._off_loop(fut, stream, mark, value))
+            return
         self._settle(fut, stream, mark, value, None)
+
+    async def _off_loop(
+        self, fut: asyncio.Future[Any], stream: StreamId, mark: int, value: OffLoop[Any]
+    ) -> None:
+        """Run ``value.work`` in a worker thread, then ``value.finish`` here, and settle
+        ``fut`` with the outcome (see :class:`~..server.protocol.OffLoop`)."""
+        error: BaseException | None = None
+        try:
+            await self.backend.run_sync(value.work)
+        except BaseException as exc:  # its error, or the loop's teardown cancelling it
+            error = exc
+        try:
+            result = value.finish()
+        except BaseException as exc:
+            error = error or exc
+            result = None
+        if isinstance(error, self._cancelled):  # torn down: nobody waits any more
+            raise error
+        self._settle(fut, stream, mark, result, error)
 
     def _settle(
         self,

@@ -1,6 +1,8 @@
 """Copies and staging on the CUDA server: ``write``/``read`` through pinned staging
 buffers (:class:`~.storage.PinnedPool`), the worker-thread jobs that stage large data
-off the loop (``prepare_write``/``prepare_read``), ``staging`` and ``get_resource``.
+off the loop (``prepare_write``/``prepare_read``), a large ``read_into``'s copy back
+done in a worker thread (``OFF_LOOP_COPY``: the channel's ``OffLoop``), ``staging``
+and ``get_resource``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Final
 
 from ..server.host_copies import BORROW_BYTES
 from ..server.layout import check_copy
-from ..server.protocol import BindingResource, BytesLike
+from ..server.protocol import BindingResource, BytesLike, OffLoop
 from ..values.stream_id import StreamId
 from ..values.types import Binding, CopyDescriptor
 from .completion import CudaCompletion
@@ -53,6 +55,11 @@ WRITE_SPARES: Final = 64
 """Staging buffers ``FastLaunch.write`` keeps per size (one per write in flight)."""
 WRITE_SPARE_BYTES: Final = 16 << 20
 """Bytes of staging buffers ``FastLaunch.write`` keeps in all."""
+OFF_LOOP_COPY: Final = 1 << 20
+"""A ``read_into`` whose targets are not page-locked copies the staged bytes back in a
+worker thread from this many bytes (``read_array``'s new array is such a target): on
+the loop, 8 MiB took 1-2 ms on an idle H200 host and 8.8 ms under the GPU suite's load,
+past the loop-lag probe's 5 ms; below it the copy is shorter than the thread hop."""
 
 
 def keeps_read_spare(kept: int, nbytes: int) -> bool:
@@ -341,7 +348,7 @@ class TransferOps(ProfileOps):
 
     def read_into(
         self, descriptors: Sequence[CopyDescriptor], outs: Sequence[memoryview], stream: StreamId
-    ) -> CudaCompletion[None]:
+    ) -> CudaCompletion[OffLoop[None] | None]:
         """Each tensor, densely packed, into its buffer in ``outs``: copied by the device
         straight into page-locked ones (``staging`` buffers: no host copy at all), and
         into others through one pinned buffer, copied over once the device is done
@@ -378,7 +385,12 @@ class TransferOps(ProfileOps):
                 mark, resolved.stream, "read", stream, "copy", sum(o.nbytes for o in outs)
             )
         kept = list(outs)  # the page-locked targets stay alive until the copy is done
-        return self._complete_read(stream, resolved.stream, lambda: _copy_back(buf, back, kept))
+        finish: Callable[[], OffLoop[None] | None] = (
+            (lambda: _copy_later(buf, back))  # copied back in a worker thread, off the loop
+            if staged >= OFF_LOOP_COPY
+            else (lambda: _copy_back(buf, back, kept))
+        )
+        return self._complete_read(stream, resolved.stream, finish)
 
     def prepare_read_into(
         self, descriptors: Sequence[CopyDescriptor], outs: Sequence[memoryview], stream: StreamId
@@ -480,10 +492,14 @@ def _threads(nbytes: int) -> int:
 
 
 def _copy_back(
-    buf: PinnedBuffer | None, back: list[tuple[int, memoryview]], kept: list[memoryview]
+    buf: PinnedBuffer | None,
+    back: list[tuple[int, memoryview]],
+    kept: list[memoryview],
+    release: bool = True,
 ) -> None:
     """``read_into``'s end: the staged bytes copied into their targets, the pinned
-    buffer released (``kept``: the targets, alive until now)."""
+    buffer released unless ``release`` is False (``kept``: the targets, alive until
+    now)."""
     if buf is None:
         return
     try:
@@ -495,6 +511,19 @@ def _copy_back(
             else:
                 ctypes.memmove(hot.address(out), buf.ptr + offset, n)
     finally:
+        if release:
+            buf.release()
+
+
+def _copy_later(buf: PinnedBuffer | None, back: list[tuple[int, memoryview]]) -> OffLoop[None]:
+    """``read_into``'s end for a copy back of ``OFF_LOOP_COPY`` bytes or more: the copy
+    in a worker thread (the channel's ``OffLoop``), the pinned buffer released after it,
+    on the loop (``back`` keeps the targets alive until then)."""
+    return OffLoop(lambda: _copy_back(buf, back, [], release=False), lambda: _release(buf))
+
+
+def _release(buf: PinnedBuffer | None) -> None:
+    if buf is not None:
         buf.release()
 
 

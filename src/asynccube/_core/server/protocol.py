@@ -10,7 +10,7 @@ server and raised by the next completion on the same stream.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -40,6 +40,7 @@ __all__ = [
     "Completion",
     "ComputeServer",
     "DeviceProperties",
+    "OffLoop",
 ]
 
 T = TypeVar("T")
@@ -68,6 +69,18 @@ class Completion(Protocol[T_co]):
     def wait(self, timeout: float | None) -> bool:
         """Block up to ``timeout`` seconds (forever if None); True if done."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class OffLoop(Generic[T]):
+    """A completion's result that is not ready to hand over yet: ``work()`` must run
+    first, in a worker thread (a copy of milliseconds the loop must not wait for), then
+    ``finish()`` on the loop gives the value (or raises). The channel does both before
+    it settles the command's future; ``finish`` runs even where ``work`` raised (it
+    releases what ``work`` used), and the first error is the command's."""
+
+    work: Callable[[], object]
+    finish: Callable[[], T]
 
 
 @dataclass(frozen=True, slots=True)
