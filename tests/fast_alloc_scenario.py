@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fast_launch_scenario import ADD, N, Setup, U, ac, main
+from tasks import actor_idle
 
 SIZE = 4 * N  # the add kernel's buffers
 
@@ -211,7 +212,7 @@ async def alloc_after_read() -> None:
         hits = s.stats[0]
         (data,) = await c.read([h])
         assert len(data) == size and (s.stats[0] == hits + 1) is read_taken, s.stats
-        await s.idle()  # while h is held: its drop must reach the route, not a batch end
+        await actor_idle(c)  # while h is held: its drop must reach the route, not a batch end
         del h
         hits = s.stats[0]
         h = c.empty(size)

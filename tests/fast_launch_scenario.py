@@ -73,12 +73,8 @@ class Setup:
     async def ready(self) -> Setup:
         self.client.execute(ADD, self.count, self.bindings)  # compiles, loads, checks
         await self.client.sync()
-        await self.idle()
-        return self
-
-    async def idle(self) -> None:
-        """Let the client's actor go back to waiting for work (``tasks.actor_idle``)."""
         await actor_idle(self.client)
+        return self
 
     @property
     def stats(self) -> tuple[int, int]:

@@ -36,7 +36,8 @@ async def actor_idle(client: Any) -> None:
     ran (a compile, a large read, a sync) can outlast its drain's budget: it then yields
     once before it waits again, and a step of the test can spend the loop iteration's
     inline budget. A route offered meanwhile declines (commands must not pass the one the
-    actor is inside), which is right, but not what such a test checks."""
+    actor is inside), which is right, but not what such a test checks. Stricter than
+    ``Channel.idle()``, which counts an actor yielding between slices as idle."""
     channel = client._channel
     for _ in range(100):
         await channel.backend.checkpoint()

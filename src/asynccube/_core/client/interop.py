@@ -195,11 +195,7 @@ def _export_cuda(
             "copy=True: asynccube shares, never copies, on export; read the tensor with "
             "`await client.read_array(tensor)` for a copy"
         )
-    if stream == 0 or (
-        type(stream) is not int
-        and stream is not None
-        and (isinstance(stream, bool) or not isinstance(stream, int))
-    ):
+    if stream == 0 or isinstance(stream, bool) or not (stream is None or isinstance(stream, int)):
         raise DLPackError(
             f"__dlpack__(stream={stream!r}): on CUDA give a stream handle (an int), 1 for "
             "the legacy default stream, 2 for the per-thread one, or -1 for no ordering"
@@ -208,25 +204,21 @@ def _export_cuda(
         raise InvalidArgument(f"{tensor!r} addresses more bytes than its buffer holds")
     consumer = None if stream == -1 else (1 if stream is None else stream)
     server: Any = client._server
-    versioned = max_version is not None and max_version[0] >= 1
+    binding = tensor.binding()
     fast = getattr(client, "_fast", None) if server.one_call_export else None
+    address = None
     if fast is not None and consumer is not None:  # the ordering in one call (cuda/fast.py)
-        if consumer != 1 and consumer != 2:  # the default streams are every context's
-            server.check_consumer(consumer)
-        binding = tensor.binding()
+        server.check_consumer(consumer)
         address = fast.export(binding, consumer, server.export_event())
-        if address is not None:
-            owner = (tensor.handle, server.export_lease(binding))
-            return make_capsule(
-                address, device, tensor.shape, tensor.strides, tensor.dtype, owner,
-                versioned=versioned,
-            )  # fmt: skip
-    if client._channel.run_queued_inline() is None:
-        address, lease = server.export_to_stream(tensor.binding(), StreamId.current(), consumer)
+    if address is not None:
+        lease = server.export_lease(binding)
+    elif client._channel.run_queued_inline() is None:
+        address, lease = server.export_to_stream(binding, StreamId.current(), consumer)
     else:
-        address, lease, gate = server.export_gated(tensor.binding(), consumer)
+        address, lease, gate = server.export_gated(binding, consumer)
         if gate is not None:
             _send_gate(client, gate, tensor)
+    versioned = max_version is not None and max_version[0] >= 1
     return make_capsule(
         address, device, tensor.shape, tensor.strides, tensor.dtype, (tensor.handle, lease),
         versioned=versioned,

@@ -46,11 +46,10 @@ class InteropOps(ServerCore):
         stream and ``cuStreamWaitEvent``; nothing is synchronized."""
         ptr = self._ptr(binding)
         resolved = self._streams.resolve(stream, (binding,))
-        lease = self._lease(binding)
+        lease = self.export_lease(binding)
         if consumer is None:
             return ptr, lease
-        if consumer != 1 and consumer != 2:  # the default streams are every context's
-            self._check_same_device(consumer)
+        self.check_consumer(consumer)
         event = self._events.record(resolved.stream)
         err = hot.stream_wait_event(consumer, event)
         self._events.give(event)  # the wait captured the event's state
@@ -67,11 +66,10 @@ class InteropOps(ServerCore):
         :meth:`open_gate`, queued after them, opens. Nothing waits on the host."""
         self._refuse_behind_a_load()
         ptr = self._queued_ptr(binding)
-        lease = self._lease(binding)
+        lease = self.export_lease(binding)
         if consumer is None:
             return ptr, lease, None
-        if consumer != 1 and consumer != 2:
-            self._check_same_device(consumer)
+        self.check_consumer(consumer)
         return ptr, lease, self._gates.wait(cu().CUstream(consumer))
 
     def pointer_gated(self, binding: Binding) -> tuple[int, int, Gate]:
@@ -142,22 +140,16 @@ class InteropOps(ServerCore):
         return handle
 
     def export_lease(self, binding: Binding) -> Lease:
-        """The lease of a one-call export of ``binding`` (its address found by the route)."""
-        return self._lease(binding)
-
-    def check_consumer(self, consumer: int) -> None:
-        """DLPackError unless the stream ``consumer`` (a raw handle, not 1 or 2) belongs to
-        this device's context (before a one-call export orders it)."""
-        self._check_same_device(consumer)
-
-    def _lease(self, binding: Binding) -> Lease:
         """A lease on the export of ``binding``, keeping what its memory belongs to
         where that is not the pools (an imported producer's consumed capsule)."""
         owner = self._table.get(binding)
         return self._exports.take(None if isinstance(owner, SliceHandle) else owner)
 
-    def _check_same_device(self, consumer: int) -> None:
-        """DLPackError unless the stream ``consumer`` belongs to this device's context."""
+    def check_consumer(self, consumer: int) -> None:
+        """DLPackError unless the stream ``consumer`` (a raw handle) belongs to this
+        device's context; the default streams (1, 2) are every context's."""
+        if consumer == 1 or consumer == 2:
+            return
         err, context, _, _ = hot.stream_check(consumer)  # one compiled call
         if err:
             raise error_from(err, "cuStreamGetCtx")

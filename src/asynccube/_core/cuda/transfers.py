@@ -8,6 +8,7 @@ and ``get_resource``.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -385,12 +386,10 @@ class TransferOps(ProfileOps):
                 mark, resolved.stream, "read", stream, "copy", sum(o.nbytes for o in outs)
             )
         kept = list(outs)  # the page-locked targets stay alive until the copy is done
-        finish: Callable[[], OffLoop[None] | None] = (
-            (lambda: _copy_later(buf, back))  # copied back in a worker thread, off the loop
-            if staged >= OFF_LOOP_COPY
-            else (lambda: _copy_back(buf, back, kept))
-        )
-        return self._complete_read(stream, resolved.stream, finish)
+        if buf is not None and staged >= OFF_LOOP_COPY:  # copied back in a worker thread
+            later = OffLoop(functools.partial(_copy_staged, buf, back, kept), buf.release)
+            return self._complete_read(stream, resolved.stream, lambda: later)
+        return self._complete_read(stream, resolved.stream, lambda: _copy_back(buf, back, kept))
 
     def prepare_read_into(
         self, descriptors: Sequence[CopyDescriptor], outs: Sequence[memoryview], stream: StreamId
@@ -492,39 +491,31 @@ def _threads(nbytes: int) -> int:
 
 
 def _copy_back(
-    buf: PinnedBuffer | None,
-    back: list[tuple[int, memoryview]],
-    kept: list[memoryview],
-    release: bool = True,
+    buf: PinnedBuffer | None, back: list[tuple[int, memoryview]], kept: list[memoryview]
 ) -> None:
     """``read_into``'s end: the staged bytes copied into their targets, the pinned
-    buffer released unless ``release`` is False (``kept``: the targets, alive until
-    now)."""
+    buffer released (``kept``: the targets, alive until now)."""
     if buf is None:
         return
     try:
-        array = buf.array()
-        for offset, out in back:
-            n = out.nbytes
-            if n >= COPY_SPLIT:
-                hot.copy_into(out, array[offset : offset + n], _threads(n))
-            else:
-                ctypes.memmove(hot.address(out), buf.ptr + offset, n)
+        _copy_staged(buf, back, kept)
     finally:
-        if release:
-            buf.release()
-
-
-def _copy_later(buf: PinnedBuffer | None, back: list[tuple[int, memoryview]]) -> OffLoop[None]:
-    """``read_into``'s end for a copy back of ``OFF_LOOP_COPY`` bytes or more: the copy
-    in a worker thread (the channel's ``OffLoop``), the pinned buffer released after it,
-    on the loop (``back`` keeps the targets alive until then)."""
-    return OffLoop(lambda: _copy_back(buf, back, [], release=False), lambda: _release(buf))
-
-
-def _release(buf: PinnedBuffer | None) -> None:
-    if buf is not None:
         buf.release()
+
+
+def _copy_staged(
+    buf: PinnedBuffer, back: list[tuple[int, memoryview]], kept: list[memoryview]
+) -> None:
+    """The staged bytes copied into their targets (a worker thread runs it from
+    ``OFF_LOOP_COPY`` bytes, the buffer released after it on the loop; ``kept``: the
+    targets, alive until now)."""
+    array = buf.array()
+    for offset, out in back:
+        n = out.nbytes
+        if n >= COPY_SPLIT:
+            hot.copy_into(out, array[offset : offset + n], _threads(n))
+        else:
+            ctypes.memmove(hot.address(out), buf.ptr + offset, n)
 
 
 def _unstage(buf: PinnedBuffer, spans: list[tuple[int, int]], big: bool) -> list[Any]:
