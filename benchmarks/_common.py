@@ -13,7 +13,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,26 @@ def best_of(fn: Callable[[], float], rounds: int) -> float:
 def median_of(fn: Callable[[], float], rounds: int) -> float:
     """The median of ``rounds`` measurements."""
     return statistics.median(fn() for _ in range(rounds))
+
+
+def median_us(fn: Callable[[], object], calls: int) -> float:
+    """The median of ``calls`` timed calls of ``fn``, in µs (each call timed alone)."""
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e6
+
+
+async def amedian_us(fn: Callable[[], Awaitable[object]], calls: int) -> float:
+    """:func:`median_us` of ``await fn()``."""
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        await fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e6
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

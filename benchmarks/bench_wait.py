@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _common import environment, table, write
+from _common import amedian_us, environment, median_us, table, write
 
 import asynccube as ac
 
@@ -141,27 +141,11 @@ async def short_wait(client: ac.ComputeClient, torch: Any, rounds: int) -> dict[
             x.add_(1)
         await client.wait(stream)
 
-    def timed(fn: Callable[[], None]) -> float:
-        samples = []
-        for _ in range(CALLS):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        return statistics.median(samples) * 1e6
-
-    async def timed_async(fn: Callable[[], Awaitable[None]]) -> float:
-        samples = []
-        for _ in range(CALLS):
-            t0 = time.perf_counter()
-            await fn()
-            samples.append(time.perf_counter() - t0)
-        return statistics.median(samples) * 1e6
-
     runs: dict[str, list[float]] = {"raw": [], "torch": [], "client.wait": []}
     for _ in range(rounds + 1):  # the first round warms up, and is dropped
-        runs["raw"].append(timed(raw))
-        runs["torch"].append(timed(torch_sync))
-        runs["client.wait"].append(await timed_async(ours))
+        runs["raw"].append(median_us(raw, CALLS))
+        runs["torch"].append(median_us(torch_sync, CALLS))
+        runs["client.wait"].append(await amedian_us(ours, CALLS))
     driver.cuEventDestroy(event)
     out = {k: v[1:] for k, v in runs.items()}
     out["ratios"] = [w / r for w, r in zip(out["client.wait"], out["raw"], strict=True)]

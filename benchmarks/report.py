@@ -15,8 +15,8 @@ from typing import Any
 
 from _common import RESULTS, table
 
-ORDER = ("requests", "concurrency", "cuda_tight", "collectives", "memory_churn", "pipeline_2gpu",
-         "requests_host", "channel", "memory", "streams", "cuda", "service",
+ORDER = ("requests", "concurrency", "cuda_tight", "sync_cuda", "collectives", "memory_churn",
+         "pipeline_2gpu", "requests_host", "channel", "memory", "streams", "cuda", "service",
          "service_compute", "service_phases", "service_admit4", "fastapi", "service_host",
          "service_compute_host", "service_phases_host", "fastapi_host")  # fmt: skip
 NOTES = Path(__file__).parent / "notes"  # notes/<name>.md follows section <name>

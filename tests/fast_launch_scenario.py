@@ -433,23 +433,93 @@ async def wait_taken() -> None:
 async def spins_once() -> None:
     """A sync or a wait whose work outlasts FastSync's spin goes to the route, whose
     watcher does not spin again (one 30 µs spin on the loop, not two), and skips its
-    next spins as after one of its own that ran out."""
+    next spins as after one of its own that ran out. The sync's spin is its poll in the
+    next loop iteration (see ``sync_overlapped``), which hands it to the route."""
     from asynccube._core.channel.completion import SPIN_BACKOFF
 
     s = await Setup().ready()
     fast, watcher = s.client._fast_sync, s.client._channel.watcher
     flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_pending")
-    for call in (s.client.sync, lambda: s.client.wait(0x5000)):
-        hits, spins = (fast.hits, fast.foreign_hits), watcher.spins
+    for sync in (True, False):
+        hits, spins, handed = (fast.hits, fast.foreign_hits), watcher.spins, fast.handed
         s.client.execute(ADD, s.count, s.bindings, U)
         flag.value = 1  # the device is slower than the host: queries say not ready
-        fut = call()
+        fut = s.client.sync() if sync else s.client.wait(0x5000)
         assert not fut.done() and (fast.hits, fast.foreign_hits) == hits, "declined"
+        if sync:
+            await asyncio.sleep(0)  # its poll ran out: handed to the route
+            assert not fut.done() and fast.handed == handed + 1, "handed to the route"
         assert watcher.spins == spins, "the route did not spin again"
-        assert watcher._skip_spins == SPIN_BACKOFF - 1  # (the route's skipped one)
+        # (the wait's route skipped one spin of its own; the sync's is watched unspun)
+        assert watcher._skip_spins == SPIN_BACKOFF - (not sync), watcher._skip_spins
         flag.value = 0
         await fut
         watcher._skip_spins = 0
+    await s.client.close()
+
+
+async def sync_overlapped() -> None:
+    """Issue 38: a sync whose streams are still busy at the call is polled in the loop
+    iteration that wakes its caller, behind the callbacks queued before it (a task
+    cancelled before the sync has unwound when it returns) and before those queued in
+    that iteration (the caller resumes there: one suspension); done, no route. One not
+    done by then, or never awaited, or still waiting when the server closes, goes to the
+    route, whose completion settles it; a cancelled one is dropped."""
+    s = await Setup().ready()
+    fast, loop = s.client._fast_sync, asyncio.get_running_loop()
+    flag = ctypes.c_int.in_dll(bench_overhead_lib(), "fake_pending")
+    seen: list[str] = []
+
+    def first() -> None:  # queued before the sync: runs before it returns
+        seen.append("first")
+        loop.call_soon(seen.append, "next")  # queued in the waking iteration: after it
+
+    hits, over, handed = fast.hits, fast.overlapped, fast.handed
+    blocked = asyncio.ensure_future(asyncio.sleep(3600))
+    await asyncio.sleep(0)  # it waits in its sleep
+    s.client.execute(ADD, s.count, s.bindings, U)
+    blocked.cancel()
+    loop.call_soon(first)
+    flag.value = 1  # busy at the call
+    fut = s.client.sync()
+    assert not fut.done() and fast.hits == hits, "polled later"
+    flag.value = 0  # done by the next iteration
+    await fut
+    assert seen == ["first"], f"woken in the iteration after the call, not later: {seen}"
+    assert blocked.cancelled(), "the task cancelled before the sync has ended"
+    assert (fast.hits, fast.overlapped, fast.handed) == (hits + 1, over + 1, handed)
+    assert fut not in s.client._channel._pending
+    # a handle dropped before the sync is free after it
+    before = await s.client.memory_usage()
+    h = s.client.create(np.ones(N, np.float32))
+    s.client.execute(ADD, s.count, ac.Bindings().with_buffers([h.binding()] * 3)
+                     .with_scalar(np.uint32, [N]), U)  # fmt: skip
+    del h
+    flag.value = 1
+    fut = s.client.sync()
+    flag.value = 0
+    await fut
+    after = await s.client.memory_usage()
+    assert after.bytes_in_use == before.bytes_in_use, (before, after)
+    # cancelled while it waits: nothing settles it, nothing is handed over
+    s.client.execute(ADD, s.count, s.bindings, U)
+    flag.value = 1
+    fut = s.client.sync()
+    fut.cancel()
+    await asyncio.sleep(0)
+    flag.value = 0
+    assert fut.cancelled() and fast.handed == handed and fut not in s.client._channel._pending
+    # still waiting when the server closes: handed to the route first
+    s.client.execute(ADD, s.count, s.bindings, U)
+    flag.value = 1
+    fut = s.client.sync()
+    for hook in s.server.before_close:
+        hook()
+    assert fast.handed == handed + 1 and not fut.done()
+    await asyncio.sleep(0)  # its poll finds it handed over: nothing more
+    assert fast.handed == handed + 1 and fast.overlapped == over + 2
+    flag.value = 0
+    await fut
     await s.client.close()
 
 
@@ -704,6 +774,7 @@ SCENARIOS: dict[str, Callable[[], Awaitable[None]]] = {
         read_error,
         sync_taken,
         sync_wakes_once,
+        sync_overlapped,
         wait_taken,
         spins_once,
         under_trio,

@@ -131,6 +131,39 @@ def test_describe_reads_what_a_torch_class_declares() -> None:
         assert (work.kind, work.handle, work.device) == ("stream", 0x4321, 0)
 
 
+class DeclaredOdd:
+    """A torch stream class that declares ``cuda_stream``, with what an object may carry."""
+
+    __module__ = "torch.cuda.streams"
+    cuda_stream = property(lambda self: self.raw)
+
+    def __init__(self, raw: Any, kind: str = "cuda", index: Any = 0) -> None:
+        self.raw, self.device = raw, _Device(kind, index)
+
+
+@pytest.mark.parametrize(
+    ("obj", "outcome"),
+    [
+        (DeclaredOdd(0x55, index=None), ("stream", 0x55, None)),
+        (DeclaredOdd(0x55, index="3"), ("stream", 0x55, None)),
+        (DeclaredOdd(0x55, kind="xpu"), r"it is a xpu stream, not a CUDA one"),
+        (DeclaredOdd(-1), r"an int in \[0, 2\*\*64\), got -1"),
+        (DeclaredOdd(1 << 64), r"an int in \[0, 2\*\*64\)"),
+        (DeclaredOdd(True), r"an int in \[0, 2\*\*64\), got True"),
+    ],
+    ids=repr,
+)
+def test_describe_declared_torch_streams_checked_in_one_frame(obj: Any, outcome: Any) -> None:
+    """The one-frame branch for a class declaring ``cuda_stream`` takes a good handle of a
+    CUDA device and leaves anything else to the checks that name it."""
+    if isinstance(outcome, tuple):
+        work = describe(obj, "wait")
+        assert (work.kind, work.handle, work.device) == outcome
+        return
+    with pytest.raises(ac.ForeignStreamError, match=outcome):
+        describe(obj, "wait")
+
+
 def test_describe_cuda_bindings_handles() -> None:
     driver = pytest.importorskip("cuda.bindings.driver")
     stream, event = describe(driver.CUstream(0x42), "after"), describe(driver.CUevent(7), "wait")

@@ -61,10 +61,12 @@ _HANDLE_TYPES = {
 
 def wait(client: ForeignClient, obj: Any) -> asyncio.Future[None]:
     """``client.wait(obj)`` (see the module docstring)."""
-    client._channel.check()  # a graph capture's guard names "wait" and refuses it
+    channel = client._channel
+    channel.check()  # a graph capture's guard names "wait" and refuses it
     work = describe(obj, "wait")
     server = client._server
-    _capture(client, work)
+    channel.activate()  # as _capture: another client may have left its device current
+    server.capture_foreign(work)
     fast = client._fast_sync  # CUDA: cuda/fast_sync.py, the work done within a few µs
     if fast is not None:
         done = fast.foreign(work)
@@ -100,9 +102,15 @@ def describe(obj: Any, call: str) -> ForeignWork:
         origin = _ORIGINS[cls] = _origin(cls)
     root, name, declared = origin
     if root == "torch":
+        if declared == "stream":  # torch.cuda.Stream: the common case, in one frame
+            raw, device = obj.cuda_stream, obj.device
+            index = device.index
+            if type(raw) is int and 0 <= raw < 1 << 64 and device.type == "cuda":
+                return ForeignWork("stream", raw, name, call, index if type(index) is int else None)
+            return _torch(obj, "stream", raw, name, call)  # (raises, naming what is wrong)
         if declared == "event" or (not declared and hasattr(obj, "cuda_event")):
             return _torch(obj, "event", obj.cuda_event, name, call)
-        if declared == "stream" or hasattr(obj, "cuda_stream"):
+        if hasattr(obj, "cuda_stream"):
             return _torch(obj, "stream", obj.cuda_stream, name, call)
     if hasattr(obj, "__cuda_stream__"):
         return _protocol(obj, name, call)

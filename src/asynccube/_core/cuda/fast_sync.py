@@ -18,6 +18,22 @@ and the route takes the sync (the server's collection of dropped handles, run fi
 both, is idempotent); after a spin that ran out, the route's watcher does not spin
 again (``CompletionWatcher.ran_out``).
 
+Under asyncio (uvloop included), a sync whose streams are still busy at the call (a
+kernel of more than a few µs just launched) is not spun on there: the call polls for at
+most ``FIRST_LOOK_S`` (2 µs), then queues the poll for the loop iteration that wakes
+its caller (``FastSync._poll``), so the device finishes while the loop goes round
+instead of before it does. That callback, queued behind the wake-ups already queued
+(those of tasks cancelled before the sync), polls the streams for up to 30 µs; done, it
+marks them, settles the future and runs its callbacks at once (the awaiting task
+resumes in that iteration: one suspension, as before, now overlapping the device's
+work); not done (or a stream's error), it hands the sync to the route's completion
+(:meth:`FastSync._hand_over`: events recorded then, watched, the errors held for the
+task's stream raised as the route raises them). Such a future is among the channel's
+pending ones (an actor's death fails it), and the server's ``close()`` first hands
+every one not polled yet to the route (:meth:`FastSync.flush`, a ``before_close``
+hook), on the loop thread, before any stream it would query is destroyed. Under trio
+the call spins as the route would.
+
 ``fast_sync.foreign(work)`` does the same for ``client.wait(obj)``, once the client has
 captured the work (``capture_foreign``): on the same conditions, the captured event
 polled for up to 30 µs (``ForeignOps.foreign_done``); done, a done future (the route's
@@ -40,6 +56,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from ..channel.completion import later_futures, settle_soon
+from ..values.stream_id import StreamId
 from . import driver
 from .native.hotpath import hot, poll_events
 
@@ -53,6 +70,13 @@ __all__ = ["FastSync"]
 
 SPIN_S: Final = 30e-6
 """How long the streams are polled (as ``CompletionWatcher``'s ``sync_spin_seconds``)."""
+FIRST_LOOK_S = 2e-6
+"""How long a sync polls at the call before its poll moves to the next loop iteration
+(asyncio). A trivial kernel is often done within it, and the moved poll costs about
+1.4 µs more host work than a sync settled at the call; kernels that run longer lose at
+most this much. Chosen on an H200 with ``benchmarks/bench_sync.py`` (0, 2 and 4 µs tried,
+alternated: 2 µs as good as 0 for kernels of 10 and 30 µs, closer to the old spin at
+the call for a trivial one)."""
 _NOT_READY: Final = 600  # CUDA_ERROR_NOT_READY
 _get_running_loop = asyncio._get_running_loop
 
@@ -61,7 +85,8 @@ class FastSync:
     """``fast_sync() -> a resolved future, or None`` for one client (see above)."""
 
     __slots__ = ("_channel", "_context", "_done_future", "_new_future", "_on_loop", "_open",
-                 "_server", "declined", "foreign_hits", "hits")  # fmt: skip
+                 "_overlap", "_server", "_waiting", "declined", "foreign_hits", "handed",
+                 "hits", "overlapped")  # fmt: skip
 
     def __init__(self, server: ForeignOps, channel: Channel) -> None:
         from ..channel.channel import State
@@ -73,9 +98,19 @@ class FastSync:
         self._on_loop = None if channel.backend.name == "asyncio" else channel.backend.on_loop
         self._new_future = later_futures(channel)
         self._done_future = channel.future_factory()
+        self._overlap = channel.backend.name == "asyncio"  # LaterFuture's loops (see above)
+        self._waiting: dict[asyncio.Future[None], StreamId] = {}
+        """Overlapped syncs not polled yet, with their callers' streams."""
         self.hits = 0
+        """Syncs settled here: at the call, or by their poll in the next iteration."""
         self.declined = 0
+        """Syncs left to the route at the call."""
+        self.overlapped = 0
+        """Syncs settled by their poll in the iteration that woke their caller."""
+        self.handed = 0
+        """Syncs whose poll (or the server's close) handed them to the route."""
         self.foreign_hits = 0
+        server.before_close.append(self.flush)
 
     def __call__(self) -> asyncio.Future[None] | None:
         if not self._ready():
@@ -85,17 +120,70 @@ class FastSync:
         server._collect()
         marks = _pending(server)
         fut = self._new_future()  # made now, while the device may still run
-        watcher = self._channel.watcher
-        if marks and not _done(_all_done(marks), watcher):  # cuStreamQuery, a short spin
-            fut._ac_seen = True  # type: ignore[attr-defined]  # never returned: no warning
-            self.declined += 1
-            return None
-        server._streams.mark_done(marks)
         c = self._channel
+        if marks:
+            status = _all_done(marks, FIRST_LOOK_S if self._overlap else SPIN_S)  # cuStreamQuery
+            if status == _NOT_READY and self._overlap:  # polled as the loop goes round
+                fut._ac_source = None  # type: ignore[attr-defined]  # settled by the poll
+                c._pending.add(fut)  # an actor's death fails it
+                self._waiting[fut] = StreamId.current()  # (the route's, if it comes to that)
+                c.loop.call_soon(self._poll, fut, marks)
+                c.ran_inline()
+                return fut
+            if not _done(status, c.watcher):
+                fut._ac_seen = True  # type: ignore[attr-defined]  # never returned: no warning
+                self.declined += 1
+                return None
+        server._streams.mark_done(marks)
         settle_soon(fut, c._later)  # awaiting it suspends exactly once (see settle_soon)
         c.ran_inline()  # (the end of the inline batch is its backstop)
         self.hits += 1
         return fut
+
+    def _poll(self, fut: asyncio.Future[None], marks: list[tuple[Any, int]]) -> None:
+        """The loop callback of an overlapped sync (see above)."""
+        sid = self._waiting.pop(fut, None)
+        if sid is None:
+            return  # handed to the route already (the server's close)
+        c = self._channel
+        if fut.done():  # cancelled by its caller, or failed by the actor's death
+            c._pending.discard(fut)
+            return
+        if getattr(driver._tls, "context", None) is not self._context:
+            c.activate()
+        status = _all_done(marks, SPIN_S)
+        if status != 0:
+            _done(status, c.watcher)  # a spin that ran out: the watcher does not spin again
+            self._hand_over(fut, sid)
+            return
+        self._server._streams.mark_done(marks)
+        c._pending.discard(fut)
+        self.hits += 1
+        self.overlapped += 1
+        _wake_now(fut)
+
+    def _hand_over(self, fut: asyncio.Future[None], sid: StreamId) -> None:
+        """An overlapped sync to the route's completion: events recorded now on every
+        stream with work not known done, watched; settled with the errors held for the
+        caller's stream, as the route's await settles it."""
+        c = self._channel
+        server: Any = self._server  # (a CudaServer: ForeignOps and its sync)
+        self.handed += 1
+        try:
+            completion = server.sync(sid)
+        except BaseException as exc:  # the sync's own error, as the route's
+            c._settle(fut, sid, c._held.mark(), None, exc)
+            return
+        mark = c._held.mark()
+        c.watcher.watch(completion, lambda done: c._resolve(fut, sid, mark, done))
+
+    def flush(self) -> None:
+        """Every overlapped sync not polled yet to the route (the server's close: before
+        any stream its poll would query is destroyed)."""
+        waiting, self._waiting = self._waiting, {}
+        for fut, sid in waiting.items():
+            if not fut.done():
+                self._hand_over(fut, sid)
 
     def foreign(self, work: ForeignWork) -> asyncio.Future[None] | None:
         """``client.wait``'s captured ``work`` done within the spin: a done future; else
@@ -171,11 +259,11 @@ def _done(status: int, watcher: CompletionWatcher) -> bool:
     return status == 0
 
 
-def _all_done(marks: list[tuple[Any, int]]) -> int:
-    """Poll the streams of ``marks`` (their wrappers) for up to ``SPIN_S``: 0 once all
-    finished, else the last status (``CUDA_ERROR_NOT_READY`` once the spin ran out, or
-    a stream's error: the route raises it)."""
-    end = time.perf_counter() + SPIN_S
+def _all_done(marks: list[tuple[Any, int]], spin: float) -> int:
+    """Poll the streams of ``marks`` (their wrappers) for up to ``spin`` seconds (0: one
+    look at each): 0 once all finished, else the last status (``CUDA_ERROR_NOT_READY``
+    once the spin ran out, or a stream's error: the route raises it)."""
+    end = time.perf_counter() + spin
     query = hot.stream_query  # cuStreamQuery
     for wrapper, _ in marks:
         while True:
@@ -185,3 +273,26 @@ def _all_done(marks: list[tuple[Any, int]]) -> int:
             if err != _NOT_READY or time.perf_counter() >= end:
                 return err  # the route waits (or raises the stream's error)
     return 0
+
+
+def _wake_now(fut: asyncio.Future[None]) -> None:
+    """Settle ``fut`` with None and run its callbacks now, in this loop callback (the
+    awaiting task's wake-up among them: it resumes in this iteration), as the loop would
+    run them in the next one; a callback that raises is reported as the loop reports
+    one (``call_exception_handler``)."""
+    callbacks = fut._callbacks  # [(fn, context)], or None
+    if callbacks:
+        for fn, _ in callbacks:
+            fut.remove_done_callback(fn)
+    fut.set_result(None)
+    if not callbacks:
+        return
+    for fn, context in callbacks:
+        try:
+            context.run(fn, fut)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # as asyncio's Handle._run reports it
+            fut.get_loop().call_exception_handler(
+                {"message": f"Exception in callback {fn!r}", "exception": exc, "future": fut}
+            )
