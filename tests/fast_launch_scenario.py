@@ -509,6 +509,26 @@ async def sync_overlapped() -> None:
     await asyncio.sleep(0)
     flag.value = 0
     assert fut.cancelled() and fast.handed == handed and fut not in s.client._channel._pending
+    # a poll that raises fails the sync with its error: nothing hangs
+    from asynccube._core.cuda import fast_sync
+
+    s.client.execute(ADD, s.count, s.bindings, U)
+    flag.value = 1
+    fut = s.client.sync()
+    flag.value = 0
+    real = fast_sync._all_done
+
+    def broken(marks: Any, spin: float) -> int:
+        raise ac.DeviceError("the poll broke")
+
+    fast_sync._all_done = broken  # type: ignore[assignment]
+    try:
+        raised = await Setup.failure(fut, ac.DeviceError)
+    finally:
+        fast_sync._all_done = real  # type: ignore[assignment]
+    assert raised is not None and "the poll broke" in str(raised), raised
+    assert fut not in s.client._channel._pending
+    await s.client.sync()  # the client serves on
     # still waiting when the server closes: handed to the route first
     s.client.execute(ADD, s.count, s.bindings, U)
     flag.value = 1

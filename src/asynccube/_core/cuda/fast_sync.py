@@ -28,7 +28,8 @@ marks them, settles the future and runs its callbacks at once (the awaiting task
 resumes in that iteration: one suspension, as before, now overlapping the device's
 work); not done (or a stream's error), it hands the sync to the route's completion
 (:meth:`FastSync._hand_over`: events recorded then, watched, the errors held for the
-task's stream raised as the route raises them). Such a future is among the channel's
+task's stream raised as the route raises them); a poll that raises fails the sync with
+that error. Such a future is among the channel's
 pending ones (an actor's death fails it), and the server's ``close()`` first hands
 every one not polled yet to the route (:meth:`FastSync.flush`, a ``before_close``
 hook), on the loop thread, before any stream it would query is destroyed. Under trio
@@ -149,14 +150,18 @@ class FastSync:
         if fut.done():  # cancelled by its caller, or failed by the actor's death
             c._pending.discard(fut)
             return
-        if getattr(driver._tls, "context", None) is not self._context:
-            c.activate()
-        status = _all_done(marks, SPIN_S)
-        if status != 0:
-            _done(status, c.watcher)  # a spin that ran out: the watcher does not spin again
-            self._hand_over(fut, sid)
+        try:
+            if getattr(driver._tls, "context", None) is not self._context:
+                c.activate()
+            status = _all_done(marks, SPIN_S)
+            if status != 0:
+                _done(status, c.watcher)  # a spin that ran out: the watcher won't spin again
+                self._hand_over(fut, sid)
+                return
+            self._server._streams.mark_done(marks)
+        except Exception as exc:  # the sync fails with it: its caller never hangs
+            c._settle(fut, sid, c._held.mark(), None, exc)
             return
-        self._server._streams.mark_done(marks)
         c._pending.discard(fut)
         self.hits += 1
         self.overlapped += 1
