@@ -33,6 +33,9 @@ from a ``call_soon`` instead, the task would be woken only in the iteration afte
 one: two loop iterations (two selector polls) where one keeps the promise. Under trio
 the futures are trio's, settled from a ``call_soon`` (trio may run a batch's tasks in
 reverse order: the caller must not run in the batch where the cancelled tasks unwind).
+A loop callback that finds such a sync done after its caller suspended (the CUDA
+server's poll in the next iteration) settles it with :func:`settle_now`, which runs the
+callbacks at once instead of queuing them for one more iteration.
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ from typing import Any, Final, Protocol, TypeVar
 from ..server.protocol import Completion
 from .awaitable import ClientFuture, new_future
 
-__all__ = ["CompletionWatcher", "LaterFuture", "later_futures", "one_step_later", "settle_soon",
-           "to_loop"]  # fmt: skip
+__all__ = ["CompletionWatcher", "LaterFuture", "later_futures", "one_step_later", "settle_now",
+           "settle_soon", "to_loop"]  # fmt: skip
 
 T = TypeVar("T")
 Sink = Callable[[Completion[Any]], None]
@@ -138,6 +141,28 @@ def settle_soon(
         later._ac_source = NONE
         later.get_loop().call_soon(settle_later, later)
     return later
+
+
+def settle_now(fut: asyncio.Future[None]) -> None:
+    """Settle ``fut`` with ``None`` and run its callbacks now, from the loop callback
+    calling this (the awaiting task's wake-up among them: it resumes in this iteration),
+    where ``set_result`` would queue them for the next one; a callback that raises is
+    reported as the loop reports one. For a future whose awaiting task suspended in an
+    earlier iteration (``cuda/fast_sync.py``'s poll), so that it still suspended once."""
+    callbacks = fut._callbacks  # [(fn, context)], or None
+    if callbacks:
+        for fn, _ in callbacks:
+            fut.remove_done_callback(fn)
+    fut.set_result(None)
+    for fn, context in callbacks or ():
+        try:
+            context.run(fn, fut)
+        except (SystemExit, KeyboardInterrupt):
+            raise
+        except BaseException as exc:  # as asyncio's Handle._run reports it
+            fut.get_loop().call_exception_handler(
+                {"message": f"Exception in callback {fn!r}", "exception": exc, "future": fut}
+            )
 
 
 def _settle_none(fut: asyncio.Future[None]) -> None:

@@ -62,7 +62,7 @@ class ClientCoordination:
         raw stream handle (int). ForeignStreamError, at the call, for another device's,
         a destroyed or an unsupported one, and for any on the host server (no GPU).
         """
-        return foreign.wait(self, obj)  # type: ignore[arg-type]  # (a ForeignClient: no cast call)
+        return foreign.wait(cast("ForeignClient", self), obj)
 
     def after(self, obj: Any) -> None:
         """Make the calling task's stream wait, on the device, for the work queued so far

@@ -61,12 +61,10 @@ _HANDLE_TYPES = {
 
 def wait(client: ForeignClient, obj: Any) -> asyncio.Future[None]:
     """``client.wait(obj)`` (see the module docstring)."""
-    channel = client._channel
-    channel.check()  # a graph capture's guard names "wait" and refuses it
+    client._channel.check()  # a graph capture's guard names "wait" and refuses it
     work = describe(obj, "wait")
     server = client._server
-    channel.activate()  # as _capture: another client may have left its device current
-    server.capture_foreign(work)
+    _capture(client, work)
     fast = client._fast_sync  # CUDA: cuda/fast_sync.py, the work done within a few µs
     if fast is not None:
         done = fast.foreign(work)
@@ -102,15 +100,9 @@ def describe(obj: Any, call: str) -> ForeignWork:
         origin = _ORIGINS[cls] = _origin(cls)
     root, name, declared = origin
     if root == "torch":
-        if declared == "stream":  # torch.cuda.Stream: the common case, in one frame
-            raw, device = obj.cuda_stream, obj.device
-            index = device.index
-            if type(raw) is int and 0 <= raw < 1 << 64 and device.type == "cuda":
-                return ForeignWork("stream", raw, name, call, index if type(index) is int else None)
-            return _torch(obj, "stream", raw, name, call)  # (raises, naming what is wrong)
         if declared == "event" or (not declared and hasattr(obj, "cuda_event")):
             return _torch(obj, "event", obj.cuda_event, name, call)
-        if hasattr(obj, "cuda_stream"):
+        if declared == "stream" or hasattr(obj, "cuda_stream"):
             return _torch(obj, "stream", obj.cuda_stream, name, call)
     if hasattr(obj, "__cuda_stream__"):
         return _protocol(obj, name, call)
@@ -167,6 +159,17 @@ def _raw(obj: int, call: str) -> ForeignWork:
 
 
 def _torch(obj: Any, kind: Kind, raw: Any, name: str, call: str) -> ForeignWork:
+    """A torch stream or event: in this one frame where its handle and device are good
+    (``client.wait(torch_stream)``'s common case), else through the checks that name
+    what is wrong."""
+    device = getattr(obj, "device", None)
+    if (
+        type(raw) is int
+        and 0 <= raw < 1 << 64
+        and (device is None or getattr(device, "type", "cuda") == "cuda")
+    ):
+        index = None if device is None else getattr(device, "index", None)
+        return ForeignWork(kind, raw, name, call, index if isinstance(index, int) else None)
     return _labelled(kind, raw, name, call, _torch_device(obj, name, call))
 
 

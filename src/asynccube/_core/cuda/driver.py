@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from ..errors import CudaDriverError, DeviceError
@@ -301,6 +301,11 @@ class DeviceContext:
     device: Any
     context: Any
     closed: bool = False
+    handle: int = field(init=False)
+    """The context as an int (what ``cuStreamGetCtx`` gives back for its streams)."""
+
+    def __post_init__(self) -> None:
+        self.handle = int(self.context)
 
     @classmethod
     def open(cls, ordinal: int = 0) -> DeviceContext:

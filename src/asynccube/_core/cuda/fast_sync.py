@@ -56,7 +56,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Final
 
-from ..channel.completion import later_futures, settle_soon
+from ..channel.completion import later_futures, settle_now, settle_soon
 from ..values.stream_id import StreamId
 from . import driver
 from .native.hotpath import hot, poll_events
@@ -165,7 +165,7 @@ class FastSync:
         c._pending.discard(fut)
         self.hits += 1
         self.overlapped += 1
-        _wake_now(fut)
+        settle_now(fut)
 
     def _hand_over(self, fut: asyncio.Future[None], sid: StreamId) -> None:
         """An overlapped sync to the route's completion: events recorded now on every
@@ -278,26 +278,3 @@ def _all_done(marks: list[tuple[Any, int]], spin: float) -> int:
             if err != _NOT_READY or time.perf_counter() >= end:
                 return err  # the route waits (or raises the stream's error)
     return 0
-
-
-def _wake_now(fut: asyncio.Future[None]) -> None:
-    """Settle ``fut`` with None and run its callbacks now, in this loop callback (the
-    awaiting task's wake-up among them: it resumes in this iteration), as the loop would
-    run them in the next one; a callback that raises is reported as the loop reports
-    one (``call_exception_handler``)."""
-    callbacks = fut._callbacks  # [(fn, context)], or None
-    if callbacks:
-        for fn, _ in callbacks:
-            fut.remove_done_callback(fn)
-    fut.set_result(None)
-    if not callbacks:
-        return
-    for fn, context in callbacks:
-        try:
-            context.run(fn, fut)
-        except (SystemExit, KeyboardInterrupt):
-            raise
-        except BaseException as exc:  # as asyncio's Handle._run reports it
-            fut.get_loop().call_exception_handler(
-                {"message": f"Exception in callback {fn!r}", "exception": exc, "future": fut}
-            )

@@ -48,9 +48,6 @@ _CAPTURE_NONE = 0  # CU_STREAM_CAPTURE_STATUS_NONE
 class ForeignOps(ServerCore):
     """``capture_foreign``, ``foreign_wait`` and ``foreign_after`` (see above)."""
 
-    _ctx_int: int | None = None
-    """The client's context as an int (``_ctx_handle``)."""
-
     def capture_foreign(self, work: ForeignWork) -> None:
         """Check ``work`` and capture the work queued on it so far (see above)."""
         foreign = self._check_foreign(work)
@@ -87,13 +84,6 @@ class ForeignOps(ServerCore):
                 raise _unknown(work, error_from(err, "cuEventQuery"))
         return event
 
-    def _ctx_handle(self) -> int:
-        """The client's context as an int (asked of its ``CUcontext`` once)."""
-        handle = self._ctx_int
-        if handle is None:
-            handle = self._ctx_int = int(self._ctx.context)
-        return handle
-
     def _record_after_event(self, foreign: Any) -> Any:
         d = cu()
         flags = int(d.CUstream_flags.CU_STREAM_NON_BLOCKING)
@@ -110,7 +100,7 @@ class ForeignOps(ServerCore):
         err, context, capture_err, status = hot.stream_check(work.handle)
         if err:
             raise _unknown(work, error_from(err, "cuStreamGetCtx"))
-        if context != self._ctx_handle():
+        if context != self._ctx.handle:
             raise ForeignStreamError(
                 f"{work.where()}: that stream belongs to another device or context than "
                 f"this client's (cuda:{self._ctx.ordinal}); pass a stream of this device, "

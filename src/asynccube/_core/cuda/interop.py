@@ -153,7 +153,7 @@ class InteropOps(ServerCore):
         err, context, _, _ = hot.stream_check(consumer)  # one compiled call
         if err:
             raise error_from(err, "cuStreamGetCtx")
-        if context != int(self._ctx.context):
+        if context != self._ctx.handle:
             raise DLPackError(
                 f"__dlpack__(stream={consumer:#x}): that stream belongs to another device "
                 f"or context than this tensor's (cuda:{self._ctx.ordinal}); pass a stream "
