@@ -102,7 +102,7 @@ class Pool:
 
 class Server(ForeignOps):
     def __init__(self, driver: FakeDriver) -> None:
-        self._ctx = SimpleNamespace(ordinal=0, context=Handle(OURS))  # type: ignore[assignment]
+        self._ctx = SimpleNamespace(ordinal=0, context=Handle(OURS), handle=OURS)  # type: ignore[assignment]
         self._events = Pool(driver)  # type: ignore[assignment]
         own = SimpleNamespace(stream=Handle(0x51))
         self._streams = SimpleNamespace(  # type: ignore[assignment]
