@@ -23,6 +23,9 @@ from .test_all_reduce_nccl_logic import FakeServer
 
 pytestmark = pytest.mark.anyio
 
+REAL_INLINE_BELOW = collective.INLINE_BELOW
+ROOMY_INLINE_BELOW = 0.008
+
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
@@ -32,8 +35,15 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def fake_nccl(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Installs a :class:`FakeCuda` over the library given; its sets are destroyed
-    after the test (off the loop: destroying waits for the issue thread)."""
+    after the test (off the loop: destroying waits for the issue thread).
+
+    A group of the fake takes microseconds, but a loaded 2-core CI host can stretch one
+    past the real :data:`~collective.INLINE_BELOW` (250 us), which would send its kind
+    back to the issue thread at random (CI saw it once); the bar here is 8 ms, under
+    the 10 ms and more that the slow fakes below sleep. The test of the bar itself puts
+    the real one back."""
     made: list[FakeCuda] = []
+    monkeypatch.setattr(collective, "INLINE_BELOW", ROOMY_INLINE_BELOW)
 
     def install(lib: SlowLib) -> FakeCuda:
         fake = FakeCuda(lib)
@@ -259,8 +269,10 @@ async def test_a_kind_nccl_issued_fast_is_issued_in_place_until_it_is_slow(
             lib.threads.clear()
             await ac.all_reduce(pairs, kind[0], kind[1], count=kind[2])
             assert lib.threads and loop_thread not in lib.threads, kind  # another kind
+        collective.INLINE_BELOW = REAL_INLINE_BELOW  # the fixture's monkeypatch restores
         lib.end_sleep = 0.001  # above INLINE_BELOW: NCCL was slow this time
         await ac.all_reduce(pairs, "float32")
+        collective.INLINE_BELOW = ROOMY_INLINE_BELOW
         lib.end_sleep, lib.threads = 0.0, set()
         await ac.all_reduce(pairs, "float32")
         assert lib.threads and loop_thread not in lib.threads  # back to the thread
