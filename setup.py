@@ -53,6 +53,13 @@ DLPACK = Extension(
     optional=True,
 )
 
+FUTURE = Extension(
+    "asynccube._core.channel._native_future",
+    sources=["src/asynccube/_core/channel/_native_future.c"],
+    extra_compile_args=["-O2", "-std=c11", "-Wall", "-fvisibility=hidden"],
+    optional=True,
+)
+
 
 class OptionalBuildExt(build_ext):
     """``build_ext`` that warns instead of failing when the extension cannot be built."""
@@ -81,6 +88,6 @@ class OptionalBuildExt(build_ext):
 
 skip = os.environ.get("ASYNCCUBE_NO_EXTENSIONS", "") not in ("", "0")
 setup(
-    ext_modules=[] if skip or not sys.platform.startswith("linux") else [NATIVE, TOKEN, DLPACK],
+    ext_modules=[] if skip or not sys.platform.startswith("linux") else [NATIVE, TOKEN, DLPACK, FUTURE],
     cmdclass={"build_ext": OptionalBuildExt},
 )

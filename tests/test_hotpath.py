@@ -61,6 +61,27 @@ def test_environment_switch_forces_the_twin() -> None:
     assert out.stdout.startswith("python ASYNCCUBE_NO_EXTENSIONS is set")
 
 
+def test_the_compiled_path_does_not_import_the_twin() -> None:
+    """The twin's modules (about 10 ms of import, which a process's first open_client
+    runs in a worker thread holding the GIL) load only where the twin is used."""
+    code = (
+        "import sys; from asynccube._core.cuda.native import hotpath as h; "
+        "print(h.ACTIVE, any(m.startswith('asynccube._core.cuda.native._twin') "
+        "for m in sys.modules))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ASYNCCUBE_NO_EXTENSIONS"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    active, twin_loaded = out.stdout.split()
+    assert twin_loaded == ("True" if active == "python" else "False")
+    env["ASYNCCUBE_NO_EXTENSIONS"] = "1"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["python", "True"]
+
+
 def test_info_names_the_active_path() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "asynccube", "info"], capture_output=True, text=True, check=True

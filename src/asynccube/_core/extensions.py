@@ -1,5 +1,5 @@
 """Whether asynccube may use its compiled extensions (``_native_slices``, ``cuda._native``,
-``client._native_dlpack``).
+``client._native_dlpack``, ``channel._native_future``).
 
 ``ASYNCCUBE_NO_EXTENSIONS`` set to any value but ``""`` and ``"0"`` forces the pure-Python
 twins, as in aiohttp and yarl; ``setup.py`` then builds no extension either.

@@ -11,7 +11,9 @@ line that asked for it, so that nothing it carries is lost:
 
 Under trio the same class is mixed into the trio adapter's future
 (:func:`client_future_type`, used by :mod:`.trio_loop`). Each client future is made by
-:func:`new_future`; the client's internal futures stay plain.
+:func:`new_future`; the client's internal futures stay plain. Where the extensions are
+built, ``new_future`` is the compiled one (``_native_future.c``: the same frames walked
+through the C API, about 0.2 us less a future); ``python_new_future`` is its twin.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import warnings
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..extensions import compiled
 from ..values.stream_id import StreamId
 
 if TYPE_CHECKING:
     from .held import HeldErrors
 
-__all__ = ["ClientFuture", "WatchedFuture", "new_future"]
+__all__ = ["NATIVE_REASON", "ClientFuture", "WatchedFuture", "new_future", "python_new_future"]
 
 T = TypeVar("T")
 _getframe = sys._getframe
@@ -122,6 +125,14 @@ def new_future(
 
 _OURS: dict[str, bool] = {}
 """Source file -> whether it is asynccube's (a cache for ``new_future``'s walk)."""
+
+python_new_future = new_future
+"""The pure-Python twin of ``_native_future.new_future`` (the same frames, the same
+origin), used where the compiled one is not (``ASYNCCUBE_NO_EXTENSIONS``)."""
+_NATIVE, NATIVE_REASON = compiled("asynccube._core.channel._native_future")
+"""The compiled ``new_future``'s module (None: the twin is used) and why."""
+if _NATIVE is not None:  # about 0.2 us less a future (a read's, a sync's)
+    new_future = _NATIVE.new_future
 
 
 def _warn_unawaited(origin: tuple[Any, str, str, int]) -> None:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from collections.abc import Awaitable, Callable
-from types import ModuleType
+from types import ModuleType, TracebackType
 from typing import Any, Protocol, TypeVar
 
 from ..errors import UnsupportedBackend
@@ -42,6 +43,7 @@ __all__ = [
     "current_backend",
     "current_library",
     "run_blocking",
+    "run_blocking_owned",
     "running_loop",
     "shield",
     "to_thread",
@@ -164,6 +166,84 @@ async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
     if loop is not None:
         return await loop.run_in_executor(None, fn, *args)
     return await current_backend(getattr(fn, "__name__", "a blocking job")).run_sync(fn, *args)
+
+
+async def run_blocking_owned(fn: Callable[..., T], dispose: Callable[[T], object], *args: Any) -> T:
+    """:func:`run_blocking` for a job that makes something its caller must own (a CUDA
+    server: a context, its pools, its threads). A caller cancelled while it waits
+    abandons the thread (both libraries do), and the result would be lost with it
+    still holding the device: here it goes to ``dispose`` instead, on the job's
+    thread where the job ends after the cancel, at the cancel where the job had ended
+    but its result had not reached the caller yet. Exactly once either way."""
+    owned = _Owned(dispose)
+    try:
+        made: T = await run_blocking(owned.run, fn, *args)
+    except BaseException:  # cancelled (or the job raised: then nothing was made)
+        owned.abandon()
+        raise
+    owned.taken()
+    return made
+
+
+class _Owned:
+    """What :func:`run_blocking_owned`'s job made, and whether its caller gave up."""
+
+    __slots__ = ("_abandoned", "_dispose", "_lock", "_made")
+
+    def __init__(self, dispose: Callable[[Any], object]) -> None:
+        self._dispose = dispose
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._made: list[Any] = []  # [result] between the job's end and the caller's
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """The job (worker thread): ``fn(*args)``, handed to the caller, or disposed
+        of here if the caller gave up meanwhile."""
+        made = fn(*args)
+        with self._lock:
+            if not self._abandoned:
+                self._made.append(made)
+                return made
+        self._disposed(made)
+        return None
+
+    def abandon(self) -> None:
+        """The caller stopped waiting (loop thread): what the job made already is
+        disposed of now; what it makes later, by the job."""
+        with self._lock:
+            self._abandoned = True
+            made, self._made = self._made, []
+        for each in made:
+            self._disposed(each)
+
+    def _disposed(self, made: Any) -> None:
+        """``dispose(made)``; its failure reported (``sys.unraisablehook``), not raised:
+        nobody waits for the job's result any more, and the caller's cancel goes on."""
+        try:
+            self._dispose(made)
+        except Exception as exc:
+            sys.unraisablehook(_Unraisable(exc, self._dispose))
+
+    def taken(self) -> None:
+        """The caller has the result: nothing to dispose of, no reference kept."""
+        self._made = []
+
+
+class _Unraisable:
+    """The ``sys.unraisablehook`` argument for a dispose that failed at a cancel."""
+
+    __slots__ = ("err_msg", "exc_traceback", "exc_type", "exc_value", "object")
+
+    exc_type: type[BaseException]
+    exc_value: BaseException | None
+    exc_traceback: TracebackType | None
+    err_msg: str | None
+    object: object
+
+    def __init__(self, exc: Exception, dispose: Callable[[Any], Any]) -> None:
+        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
+        self.err_msg = "Exception ignored while disposing of what a cancelled job made"
+        self.object = dispose
 
 
 async def to_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
-from ..channel.backend import run_blocking
+from ..channel.backend import run_blocking_owned
 from ..channel.held import HeldErrors
 from ..config.logging import ServerLogger
 from ..config.pools import MemoryLayout
@@ -275,10 +275,27 @@ def _priority(name: str) -> int:
 async def open_cuda_server(index: int = 0, settings: Settings | None = None) -> CudaServer:
     """Open GPU ``index``. Driver start-up, property queries, the server's construction
     and the warm-up of its pools (each a few milliseconds the first time) run in a worker
-    thread; then the context is made current on the loop's thread, where the actor runs."""
-    server = await run_blocking(_build, index, _options(settings))
+    thread; then the context is made current on the loop's thread, where the actor runs.
+    A caller cancelled meanwhile (a timeout around ``open_client``, a service shutting
+    down during its start-up) gets no server, and the one built for it is closed, not
+    left holding the device's context and memory."""
+    server = await run_blocking_owned(_build, _abandoned, index, _options(settings))
     server.context.make_current()
     return server
+
+
+def _abandoned(server: CudaServer) -> None:
+    """Close a server whose opener was cancelled, in a thread of its own with the
+    server's context current there (this runs on the build's thread or on the loop's,
+    whose current context the channel tracks: it is left alone)."""
+
+    def close() -> None:
+        server.context.make_current()
+        done = server.close()
+        done.wait(None)
+        done.result()  # a teardown that failed: threading.excepthook reports it
+
+    threading.Thread(target=close, name="asynccube-abandoned-open", daemon=True).start()
 
 
 def _build(index: int, options: dict[str, Any]) -> CudaServer:

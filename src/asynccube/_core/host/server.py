@@ -324,8 +324,13 @@ class HostServer(HostForeign, SliceServer[_Bound]):
         self._streams.streams.get(stream).stream.flush()
 
     def end_batch(self) -> None:
-        """Hand every buffered task to its worker (the actor calls this when it yields)."""
+        """Hand every buffered task to its worker (the actor calls this when it yields),
+        then release the handles dropped so far: their slices go back to the pools, and
+        imported (DLPack) memory to its producer, without waiting for an allocation or a
+        memory report (queued tasks hold the bindings they use, so nothing they still
+        read or write is let go)."""
         self._backend.flush_dirty()
+        self._release_dropped()
 
     def sync(self, stream: StreamId) -> HostCompletion[None]:
         """Completes when every stream has finished the work queued so far."""

@@ -80,11 +80,14 @@ class HotPath(Protocol):
 
 
 def load(no_extensions: bool | None = None) -> tuple[HotPath, str, str]:
-    """``(module, "native" | "python", reason)``: the variant to use."""
-    from . import _twin
-
+    """``(module, "native" | "python", reason)``: the variant to use. The twin is
+    imported only where it is used: its modules are about 10 ms of import, which the
+    first ``open_client`` of a process runs in a worker thread, holding the GIL (the
+    loop waits for it meanwhile)."""
     native, reason = compiled("asynccube._core.cuda.native._native", no_extensions)
     if native is None:
+        from . import _twin
+
         return cast(HotPath, _twin), "python", reason
     return cast(HotPath, native), "native", reason
 
