@@ -7,6 +7,8 @@ from __future__ import annotations
 import _thread
 import asyncio
 import importlib
+import os
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -123,3 +125,8 @@ def test_the_compiled_one_is_in_use_where_built() -> None:
         assert awaitable.new_future is awaitable.python_new_future
     elif awaitable._NATIVE is not None:
         assert awaitable.new_future is awaitable._NATIVE.new_future
+    env = {**os.environ, "ASYNCCUBE_NO_EXTENSIONS": "1"}
+    info = subprocess.run(
+        [sys.executable, "-m", "asynccube", "info"], env=env, capture_output=True, text=True
+    )
+    assert "future maker: pure Python" in info.stdout

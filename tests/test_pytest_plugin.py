@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,3 +153,29 @@ def test_a_bad_device_name_stops_the_run(pytester: pytest.Pytester) -> None:
     result = _run(pytester, source, "--asynccube-devices", "tpu:0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --asynccube-devices: unknown device 'tpu:0'*"])
+
+
+_PRELOAD = """
+import sys
+from asynccube._core.runtime.devices import GpuProbe
+from asynccube._core.testing import plugin
+
+usable = sys.argv[1] == "usable"
+plugin.probe_gpus = lambda: GpuProbe(usable, "" if usable else "no GPU", ["cuda:0  fake"])
+assert "asynccube._core.cuda.server" not in sys.modules
+plugin.gpu_probe()
+print("asynccube._core.cuda.server" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize(("found", "imported"), [("usable", "True"), ("none", "False")])
+def test_a_usable_gpu_has_the_cuda_modules_imported_at_collection(
+    found: str, imported: str
+) -> None:
+    """Where a GPU is usable, the GPU probe (at collection, before any test's loop runs)
+    imports the CUDA server's modules: the first GPU test's open does not import them in
+    a worker thread holding the GIL under the loop-lag probe. Where none is, nothing."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PRELOAD, found], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == [imported]

@@ -131,6 +131,7 @@ def _nvrtc_version() -> str:
 
 
 def _hot_path() -> str:
+    from ._core.channel import awaitable
     from ._core.client import dlpack
     from ._core.cuda.native import hotpath
     from ._core.values import slices
@@ -138,7 +139,11 @@ def _hot_path() -> str:
     kind = "compiled (C extension)" if hotpath.ACTIVE == "native" else "pure Python"
     token = "compiled" if slices.TOKEN == "native" else "pure Python"
     reader = "pure Python" if dlpack._NATIVE is None else "compiled"
-    return f"{kind}: {hotpath.REASON}; slice token: {token}; DLPack capsule reader: {reader}"
+    futures = "pure Python" if awaitable._NATIVE is None else "compiled"
+    return (
+        f"{kind}: {hotpath.REASON}; slice token: {token}; DLPack capsule reader: {reader}; "
+        f"future maker: {futures}"
+    )
 
 
 def _config(args: argparse.Namespace) -> int:

@@ -3,7 +3,8 @@ pytest run, is :mod:`_asynccube_pytest.plugin`; it imports this module only for 
 that uses asynccube's fixtures or markers).
 
 * :func:`device_list`: the devices ``asynccube_device`` runs a test on.
-* :func:`gpu_probe`: whether a GPU is usable (the skip of GPU-marked tests).
+* :func:`gpu_probe`: whether a GPU is usable (the skip of GPU-marked tests); the CUDA
+  server's modules imported then, where one is.
 * :func:`open_checked`: the client of ``asynccube_client``: opened on the running loop,
   checked and closed after the test (errors nobody awaited are raised by ``close()``;
   bytes still in use fail the test).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -27,8 +29,18 @@ __all__ = ["device_list", "gpu_probe", "open_checked"]
 
 @functools.cache
 def gpu_probe() -> GpuProbe:
-    """What a look for GPUs found (once per process)."""
-    return probe_gpus()
+    """What a look for GPUs found (once per process, at collection). Where one is
+    usable, the CUDA server's modules are imported now, before any test's loop runs: a
+    process's first ``open_client`` on a GPU imports them in a worker thread, which
+    holds the GIL while each module runs (2-6 ms a module on a 2-core host), and the
+    loop-lag probe would charge that once-only wait to whichever GPU test came first."""
+    probe = probe_gpus()
+    if probe.usable:
+        try:
+            importlib.import_module("asynccube._core.cuda.server")
+        except ImportError:  # the test's own open then says what is missing
+            pass
+    return probe
 
 
 def device_list(named: str | None) -> list[str]:
