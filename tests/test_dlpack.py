@@ -179,6 +179,8 @@ async def test_read_only_import_is_refused(host_client: ac.ComputeClient) -> Non
     [
         ({"stream": 1}, "CPU memory has no streams"),
         ({"dl_device": (2, 0)}, "another device"),
+        ({"dl_device": 1}, r"dl_device must be a \(device type, index\) tuple"),
+        ({"dl_device": (1.0, 0)}, r"dl_device must be a \(device type, index\) tuple"),
         ({"max_version": "1.0"}, "max_version must be"),
         ({"copy": "yes"}, "copy must be"),
     ],
@@ -190,6 +192,18 @@ async def test_bad_export_requests_are_refused(
     await host_client.sync()
     with pytest.raises(ac.DLPackError, match=words):
         t.__dlpack__(**kwargs)
+    await _serves(host_client)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("device", [np.array([1, 0]), 1, (1,), ("cpu", 0)], ids=str)
+async def test_an_import_device_that_names_no_device_is_refused(
+    host_client: ac.ComputeClient, device: Any
+) -> None:
+    with pytest.raises(ac.DLPackError, match=r"from_dlpack\(device=.*give None, a device"):
+        host_client.from_dlpack(np.zeros(4, np.float32), device=device)
+    for good in (None, "host", "cpu", (1, 0)):
+        assert host_client.from_dlpack(np.zeros(4, np.float32), device=good).shape == (4,)
     await _serves(host_client)
 
 

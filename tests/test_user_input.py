@@ -213,6 +213,48 @@ async def test_write_shows_its_one_form(client: ac.ComputeClient) -> None:
     np.testing.assert_array_equal(await client.read_array(h, np.float32), data)
 
 
+@pytest.mark.parametrize(
+    ("shape", "strides"), [(4, (1,)), ((4,), None), (None, (1,)), (1.5, 1)], ids=str
+)
+async def test_copy_descriptor_refuses_a_shape_that_is_not_a_sequence(
+    host_client: ac.ComputeClient, shape: Any, strides: Any
+) -> None:
+    h = host_client.empty(16)
+    with pytest.raises(ac.InvalidArgument, match=r"copy_descriptor: shape and strides must"):
+        h.copy_descriptor(shape, strides, 4)
+    desc = h.copy_descriptor([4], [1], 4)  # any sequence of ints
+    assert (desc.shape, desc.strides) == ((4,), (1,))
+    host_client.write([(desc, np.ones(4, np.float32))])
+    np.testing.assert_array_equal(await host_client.read_array(h, np.float32), np.ones(4))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"block": 256}, "block must be three positive ints"),
+        ({"block": (16, 16)}, "block must be three positive ints"),
+        ({"block": (1.5, 1, 1)}, "block must be three positive ints"),
+        ({"block": (True, 1, 1)}, "block must be three positive ints"),
+        ({"options": "-O3"}, "options must be NVRTC options"),
+        ({"shared_mem_bytes": 1.5}, "shared_mem_bytes must be an int >= 0"),
+        ({"entry": None}, r"CudaSource\(source, entry\).*str and NoneType"),
+    ],
+)
+async def test_cuda_source_refuses_what_it_cannot_launch(kwargs: Any, words: str) -> None:
+    args: dict[str, Any] = {"source": 'extern "C" __global__ void f() {}', "entry": "f"}
+    with pytest.raises(ac.InvalidArgument, match=words):
+        ac.CudaSource(**{**args, **kwargs})
+    made = ac.CudaSource(**args, block=[np.int64(8), 2, 1], options=["-O3"])  # type: ignore[arg-type]
+    assert made.block == (8, 2, 1) and made.options == ("-O3",)
+    assert hash(made) == hash(ac.CudaSource(**args, block=(8, 2, 1), options=("-O3",)))
+
+
+@pytest.mark.parametrize("op", [["sum"], None, 3])
+async def test_a_reduction_op_that_is_not_a_name_is_a_definition_error(op: Any) -> None:
+    with pytest.raises(ac.KernelDefinitionError, match="reduction op must be one of"):
+        ac.reduction(op)
+
+
 async def test_a_tunable_that_is_not_async_is_named(client: ac.ComputeClient) -> None:
     def plain(c: ac.ComputeClient, n: int) -> int:
         return n

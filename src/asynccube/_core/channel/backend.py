@@ -6,7 +6,8 @@ do) when a client opens, and one :class:`Backend` is chosen for it then, as http
 injects its network backend: the channel, the completion watcher and the job thread
 drive a *loop* (``create_future``, ``call_soon``, ``call_soon_threadsafe``,
 ``call_later``, ``add_reader``, ``create_task``) and await a few helpers (a checkpoint,
-waiting for a future, shielding one, a blocking job in a thread).
+waiting for a future, shielding one, a blocking job in a thread: under asyncio, on the
+process's pool of :mod:`.blocking`).
 
 * asyncio: the loop is the running asyncio loop itself, so the asyncio path is the code
   as it always was (nothing is wrapped, nothing added per command).
@@ -21,6 +22,7 @@ says what is needed, instead of a bare ``RuntimeError`` from deep inside.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -28,6 +30,7 @@ from types import ModuleType, TracebackType
 from typing import Any, Protocol, TypeVar
 
 from ..errors import UnsupportedBackend
+from . import blocking
 
 _sniffio: ModuleType | None
 try:
@@ -120,8 +123,10 @@ class AsyncioBackend:
         return await asyncio.shield(fut)
 
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
-        """``loop.run_in_executor(None, fn, *args)``."""
-        return await self.loop.run_in_executor(None, fn, *args)
+        """``fn(*args)`` on a thread of the process's blocking pool (:mod:`.blocking`:
+        ``run_in_executor``'s threads make the loop wait while each one starts)."""
+        result: T = await blocking.pool.submit(self.loop, fn, *args)
+        return result
 
 
 def backend_of(loop: asyncio.AbstractEventLoop) -> Backend:
@@ -160,11 +165,13 @@ def running_loop() -> asyncio.AbstractEventLoop:
 
 
 async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
-    """Run blocking ``fn(*args)`` in a worker thread of the running library (asyncio's
-    default executor, or trio's thread cache)."""
+    """Run blocking ``fn(*args)`` in a worker thread: the process's blocking pool under
+    asyncio (:mod:`.blocking`: its threads start without making the loop wait), trio's
+    thread cache under trio."""
     loop = asyncio._get_running_loop()
-    if loop is not None:
-        return await loop.run_in_executor(None, fn, *args)
+    if loop is not None:  # the process's blocking pool (see .blocking)
+        result: T = await blocking.pool.submit(loop, fn, *args)
+        return result
     return await current_backend(getattr(fn, "__name__", "a blocking job")).run_sync(fn, *args)
 
 
@@ -247,9 +254,13 @@ class _Unraisable:
 
 
 async def to_thread(fn: Callable[..., T], *args: Any) -> T:
-    """``asyncio.to_thread(fn, *args)``, or trio's ``to_thread.run_sync`` under trio."""
-    if asyncio._get_running_loop() is not None:
-        return await asyncio.to_thread(fn, *args)
+    """``asyncio.to_thread(fn, *args)`` (the caller's context variables carried over)
+    on the process's blocking pool, or trio's ``to_thread.run_sync`` under trio."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        context = contextvars.copy_context()
+        result: T = await blocking.pool.submit(loop, context.run, fn, *args)
+        return result
     return await current_backend(getattr(fn, "__name__", "a blocking job")).run_sync(fn, *args)
 
 

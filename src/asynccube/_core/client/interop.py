@@ -259,6 +259,10 @@ def _check_request(
         raise DLPackError(
             f"max_version must be a (major, minor) tuple of ints, got {max_version!r}"
         )
+    if dl_device is not None and not _is_device(dl_device):
+        raise DLPackError(
+            f"dl_device must be a (device type, index) tuple of ints, got {dl_device!r}"
+        )
     if dl_device is not None and tuple(dl_device) != device:
         raise DLPackError(
             f"dl_device={tuple(dl_device)!r} asks for another device than the tensor's "
@@ -266,6 +270,15 @@ def _check_request(
         )
     if copy is not None and copy is not True and copy is not False:
         raise DLPackError(f"copy must be None, True or False, got {copy!r}")
+
+
+def _is_device(value: Any) -> bool:
+    """A DLPack device: a ``(device type, index)`` tuple of ints (bools refused)."""
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
 
 
 def _is_version(value: Any) -> bool:
@@ -367,6 +380,11 @@ def _check_import_request(
     than this client's (``ours``: its DLPack device)."""
     if copy is not None and copy is not True and copy is not False:
         raise DLPackError(f"from_dlpack(copy={copy!r}): copy must be None, True or False")
+    if device is not None and not isinstance(device, str) and not _is_device(device):
+        raise DLPackError(
+            f"from_dlpack(device={device!r}): give None, a device string ({client.device!r}) "
+            "or a DLPack (device type, index) tuple of ints"
+        )
     if device is None or device == client.device:
         return
     if client.device == "host" and device == "cpu":

@@ -3,7 +3,8 @@
 ``loop.run_in_executor`` starts executor threads lazily with ``threading.Thread.start``,
 which waits on the calling (loop) thread until the new thread runs, and that can take
 milliseconds when other threads hold the GIL. This thread is started once, without
-waiting, and hands results back through ``call_soon_threadsafe``.
+waiting, and hands results back through ``call_soon_threadsafe`` (as the process's
+blocking pool does: :mod:`..channel.blocking`, whose ``deliver`` it uses).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import asyncio
 import queue
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from ..channel.blocking import deliver
 
 __all__ = ["JobThread"]
 
@@ -47,22 +50,7 @@ class JobThread:
             job, fut = item
             del item
             try:
-                self._deliver(fut, job(), None)
+                deliver(self._loop, fut, job(), None)
             except BaseException as exc:
-                self._deliver(fut, None, exc)
+                deliver(self._loop, fut, None, exc)
             del job, fut
-
-    def _deliver(self, fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
-        try:
-            self._loop.call_soon_threadsafe(_settle, fut, value, error)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
-
-
-def _settle(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(value)

@@ -10,7 +10,7 @@ releases them, on a thread of its own. A sticky error resets the context anyway
 
 from __future__ import annotations
 
-import threading
+import _thread
 from collections.abc import Callable
 from typing import Any
 
@@ -47,9 +47,9 @@ class LifecycleOps(ServerCore):
                 events = self._streams.flush_all()
             except Exception as exc:
                 self._note_error(exc)
-        threading.Thread(
-            target=self._close_in_thread, args=(events, done), name="asynccube-close", daemon=True
-        ).start()
+        # Not threading.Thread.start(): it waits, on the loop (close runs there), until the
+        # new thread runs, milliseconds on a loaded host (see channel/blocking.py).
+        _thread.start_new_thread(self._close_in_thread, (events, done))
         return done
 
     def _close_in_thread(self, events: list[Any], done: HostCompletion[None]) -> None:

@@ -7,6 +7,7 @@ error), ``recorded`` times it for the timeline.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -15,7 +16,7 @@ from ..channel.held import HeldErrors
 from ..errors import AsyncCubeError, ExecutionError
 from ..profiling.records import KernelRecorder, RecordKind
 from ..values.stream_id import StreamId
-from .worker import HostCompletion
+from .worker import Afterwards, HostCompletion
 
 __all__ = ["completing", "failed", "guarded", "recorded", "wrapped"]
 
@@ -82,22 +83,23 @@ def completing(
     fn: Callable[[], T],
     held: HeldErrors,
     read: Sequence[int] = (),
-) -> Callable[[], None]:
+) -> Callable[[], Afterwards]:
     """A worker task completing ``done`` with ``fn()``; it fails with
     :class:`~..errors.TaintedBuffer` if a buffer it reads (memory ids ``read``) was last
     written by a failed command. ``done.held_mark`` tells which errors were held for its
-    stream by then: the channel raises those with it."""
+    stream by then: the channel raises those with it. ``done`` is settled once the
+    worker counts the task finished (:class:`~.worker.Afterwards`)."""
 
-    def run() -> None:
+    def run() -> Afterwards:
         done.held_mark = held.mark()
         error = held.check(read) if read else None
         if error is not None:
-            done.set_error(error)
-            return
+            return Afterwards(functools.partial(done.set_error, error))
         try:
-            done.set_result(fn())
+            value = fn()
         except BaseException as exc:
-            done.set_error(exc)
+            return Afterwards(functools.partial(done.set_error, exc))
+        return Afterwards(functools.partial(done.set_result, value))
 
     return run
 

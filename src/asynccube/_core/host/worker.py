@@ -16,12 +16,26 @@ from typing import Generic, TypeVar
 
 from ..errors import AsyncCubeError, ExecutionError
 
-__all__ = ["HostBackend", "HostCompletion", "HostStream"]
+__all__ = ["Afterwards", "HostBackend", "HostCompletion", "HostStream"]
 
 T = TypeVar("T")
 MAX_BATCH = 256
 """Tasks a stream buffers before handing them to its worker (cubecl's ``max_tasks``)."""
-Task = Callable[[], None]
+Task = Callable[[], object]
+
+
+class Afterwards:
+    """What a task returns to have ``fn()`` run once its worker counts it finished: a
+    completion's result (:func:`.tasks.completing`), so that whoever it wakes (a read's
+    caller exporting the buffer next, say) finds the stream idle, not still running the
+    task that woke it."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn = fn
+
+
 _names = itertools.count()
 
 
@@ -150,16 +164,26 @@ class HostStream:
                 self._run_task(batch.pop())
 
     def _run_task(self, task: Task) -> None:
+        then: object = None
         try:
-            task()
-        except AsyncCubeError as exc:
-            self._errors.append(exc)
+            then = task()
         except BaseException as exc:  # SystemExit & co. too: nothing ends the worker
-            err = ExecutionError(f"{type(exc).__name__}: {exc}")
-            err.__cause__ = exc
-            self._errors.append(err)
+            self._hold(exc)
         finally:
             self.finished += 1
+        if type(then) is Afterwards:  # a completion's result: the task counts as finished
+            try:
+                then.fn()
+            except BaseException as exc:
+                self._hold(exc)
+
+    def _hold(self, exc: BaseException) -> None:
+        if isinstance(exc, AsyncCubeError):
+            self._errors.append(exc)
+            return
+        err = ExecutionError(f"{type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        self._errors.append(err)
 
 
 class HostBackend:
@@ -181,7 +205,7 @@ class HostBackend:
 
     def wait_event(self, stream: HostStream, event: threading.Event) -> None:
         """Make the stream's later work wait for ``event``."""
-        stream.submit(event.wait)  # type: ignore[arg-type]
+        stream.submit(event.wait)
 
     def wait_event_sync(self, event: threading.Event) -> None:
         """Block until ``event`` (helper threads only)."""

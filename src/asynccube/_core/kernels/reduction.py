@@ -80,7 +80,7 @@ class ReductionKernel:
     """
 
     def __init__(self, op: str, map: str = "x", *, name: str = "reduction") -> None:
-        if op not in OPS:
+        if not isinstance(op, str) or op not in OPS:
             raise KernelDefinitionError(f"reduction op must be one of {list(OPS)}, got {op!r}")
         if not isinstance(name, str) or not name.isidentifier():
             raise KernelDefinitionError(f"name= must be an identifier, got {name!r}")

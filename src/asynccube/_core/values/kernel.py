@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ExecutionError, InvalidArgument, KernelNotSupported
-from .bindings import TensorMapBinding
+from .bindings import TensorMapBinding, _is_int
 
 __all__ = ["CudaSource", "HostLaunch", "Kernel", "LaunchGuard", "launch_maps", "launch_views"]
 
@@ -38,10 +38,28 @@ class CudaSource:
     shared_mem_bytes: int = 0
 
     def __post_init__(self) -> None:
-        if len(self.block) != 3 or any(int(b) < 1 for b in self.block):
-            raise InvalidArgument(f"block must be three positive ints, got {self.block!r}")
-        if self.shared_mem_bytes < 0:
-            raise InvalidArgument("shared_mem_bytes must be >= 0")
+        if not isinstance(self.source, str) or not isinstance(self.entry, str):
+            raise InvalidArgument(
+                "CudaSource(source, entry): the CUDA C++ source and the name of its "
+                f"entry point, both str; got {type(self.source).__name__} and "
+                f"{type(self.entry).__name__}"
+            )
+        block = self.block
+        if (
+            not isinstance(block, tuple | list)
+            or len(block) != 3
+            or not all(_is_int(b) and b >= 1 for b in block)
+        ):
+            raise InvalidArgument(f"block must be three positive ints, got {block!r}")
+        object.__setattr__(self, "block", tuple(int(b) for b in block))  # hashable, plain
+        if not isinstance(self.options, tuple | list) or not all(
+            isinstance(o, str) for o in self.options
+        ):
+            raise InvalidArgument(f"options must be NVRTC options (str), got {self.options!r}")
+        object.__setattr__(self, "options", tuple(self.options))
+        shared = self.shared_mem_bytes
+        if not _is_int(shared) or shared < 0:
+            raise InvalidArgument(f"shared_mem_bytes must be an int >= 0, got {shared!r}")
 
 
 @dataclass(slots=True)

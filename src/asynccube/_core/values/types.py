@@ -151,8 +151,17 @@ class Handle:
     def copy_descriptor(
         self, shape: Sequence[int], strides: Sequence[int], elem_size: int
     ) -> CopyDescriptor:
-        """A binding with shape, strides (in elements) and element size, for strided I/O."""
-        return CopyDescriptor(self.binding(), tuple(shape), tuple(strides), elem_size)
+        """A binding with shape, strides (in elements) and element size, for strided I/O
+        (each checked where it is used: ``write``, ``read_tensor``); InvalidArgument
+        for a shape or strides that is not a sequence."""
+        try:
+            dims, steps = tuple(shape), tuple(strides)
+        except TypeError:
+            raise InvalidArgument(
+                f"copy_descriptor: shape and strides must be sequences of ints (one per "
+                f"dimension), got {shape!r} and {strides!r}"
+            ) from None
+        return CopyDescriptor(self.binding(), dims, steps, elem_size)
 
 
 def _check_offset(handle: Handle, offset: int) -> None:
