@@ -131,3 +131,49 @@ def test_a_forked_child_runs_jobs_on_threads_of_its_own() -> None:
         timeout=60,
     )
     assert out.stdout.split() == ["0"], out.stderr
+
+
+@pytest.mark.asyncio
+async def test_a_thread_that_cannot_start_leaves_the_pool_as_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool = blocking.BlockingPool(limit=1)
+    loop = asyncio.get_running_loop()
+    real = blocking._thread.start_new_thread
+
+    def refuse(*args: Any) -> Any:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(blocking._thread, "start_new_thread", refuse)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        pool.submit(loop, lambda: "never queued")
+    assert pool.threads == 0
+    monkeypatch.setattr(blocking._thread, "start_new_thread", real)
+    assert await pool.submit(loop, lambda: "served") == "served"  # the one thread starts now
+    assert pool.threads == 1
+
+
+@pytest.mark.asyncio
+async def test_a_result_that_cannot_be_delivered_is_reported_and_the_thread_serves_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pool = blocking.BlockingPool(limit=1)
+    loop = asyncio.get_running_loop()
+    reported: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    real = blocking.deliver
+    failed = threading.Event()
+
+    def broken(*args: Any) -> None:
+        monkeypatch.setattr(blocking, "deliver", real)
+        failed.set()
+        raise MemoryError("a loop's own failure")
+
+    monkeypatch.setattr(blocking, "deliver", broken)
+    lost = pool.submit(loop, lambda: "lost")
+    assert await backend.to_thread(failed.wait, 10)
+    assert await pool.submit(loop, lambda: "next") == "next"  # the same thread, alive
+    assert pool.threads == 1 and not lost.done()
+    (report,) = reported
+    assert isinstance(report.exc_value, MemoryError) and "result" in report.err_msg
+    lost.cancel()

@@ -130,3 +130,21 @@ def test_the_compiled_one_is_in_use_where_built() -> None:
         [sys.executable, "-m", "asynccube", "info"], env=env, capture_output=True, text=True
     )
     assert "future maker: pure Python" in info.stdout
+
+
+def test_importing_the_compiled_module_again_keeps_its_state() -> None:
+    _native()  # skips where it is not built
+    name = "asynccube._core.channel._native_future"
+    first = sys.modules.pop(name)
+    try:
+        again = importlib.import_module(name)
+        assert again.ours is first.ours  # one cache, not a second one leaked
+        loop = asyncio.new_event_loop()
+        try:
+            fut = again.new_future(ClientFuture, loop, HELD)
+            assert fut._ac_from[1:3] == ("a call", __file__)
+            fut._ac_seen = True
+        finally:
+            loop.close()
+    finally:
+        sys.modules[name] = first

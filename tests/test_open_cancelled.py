@@ -103,21 +103,20 @@ async def test_a_cancelled_open_closes_the_real_server_and_the_gpu_serves_on(
         scope.cancel()
     release.set()
     assert await anyio.to_thread.run_sync(built.wait, 30)
-    assert await anyio.to_thread.run_sync(_abandoned_closes_end, 30)
-    assert made[0].closed
+    assert await anyio.to_thread.run_sync(_closed_within, made[0], 30)
     monkeypatch.setattr(cuda_server, "_build", real)
     async with ac.open_client("cuda:0") as client:
         assert await client.read([client.create(b"served")]) == [b"served"]
 
 
-def _abandoned_closes_end(seconds: float) -> bool:
-    """Whether every thread closing an abandoned open has ended within ``seconds``."""
+def _closed_within(server: Any, seconds: float) -> bool:
+    """Whether ``server`` was closed within ``seconds`` (its close thread sets it)."""
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if not any(t.name == "asynccube-abandoned-open" for t in threading.enumerate()):
-            return True
-        time.sleep(0.01)
-    return False
+    while not server.closed:
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 async def test_an_open_that_is_not_cancelled_keeps_its_server(

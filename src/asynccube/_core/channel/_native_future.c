@@ -53,8 +53,9 @@ static PyObject *origin(PyObject *held) {
             Py_DECREF(code);
             goto done;
         }
-        if (!mine) {
-            PyObject *line = PyLong_FromLong(PyFrame_GetLineNumber(frame));
+        if (!mine) { /* no line number (-1): None, as the twin's f_lineno */
+            int number = PyFrame_GetLineNumber(frame);
+            PyObject *line = number < 0 ? Py_NewRef(Py_None) : PyLong_FromLong(number);
             if (line != NULL) result = PyTuple_Pack(4, held, call, code->co_filename, line);
             Py_XDECREF(line);
             Py_DECREF(code);
@@ -97,6 +98,8 @@ static PyMethodDef methods[] = {
 };
 
 static int exec_module(PyObject *module) {
+    if (ours != NULL) /* imported again (after leaving sys.modules): the same state */
+        return PyModule_AddObjectRef(module, "ours", ours);
     ours = PyDict_New();
     kw_loop = Py_BuildValue("(s)", "loop");
     s_ac_from = PyUnicode_InternFromString("_ac_from");
@@ -113,6 +116,9 @@ static int exec_module(PyObject *module) {
 
 static PyModuleDef_Slot slots[] = {
     {Py_mod_exec, exec_module},
+#if PY_VERSION_HEX >= 0x030C0000 /* its state is C globals: one interpreter only */
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
     {0, NULL},
 };
 

@@ -26,7 +26,7 @@ import contextvars
 import sys
 import threading
 from collections.abc import Awaitable, Callable
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 from ..errors import UnsupportedBackend
@@ -229,28 +229,12 @@ class _Owned:
         try:
             self._dispose(made)
         except Exception as exc:
-            sys.unraisablehook(_Unraisable(exc, self._dispose))
+            what = "disposing of what a cancelled job made"
+            sys.unraisablehook(blocking.Unraisable(exc, what, self._dispose))
 
     def taken(self) -> None:
         """The caller has the result: nothing to dispose of, no reference kept."""
         self._made = []
-
-
-class _Unraisable:
-    """The ``sys.unraisablehook`` argument for a dispose that failed at a cancel."""
-
-    __slots__ = ("err_msg", "exc_traceback", "exc_type", "exc_value", "object")
-
-    exc_type: type[BaseException]
-    exc_value: BaseException | None
-    exc_traceback: TracebackType | None
-    err_msg: str | None
-    object: object
-
-    def __init__(self, exc: Exception, dispose: Callable[[Any], Any]) -> None:
-        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
-        self.err_msg = "Exception ignored while disposing of what a cancelled job made"
-        self.object = dispose
 
 
 async def to_thread(fn: Callable[..., T], *args: Any) -> T:

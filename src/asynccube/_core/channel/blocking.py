@@ -17,6 +17,11 @@ cancelled before a thread took it is skipped; a running job is not interrupted (
 asyncio's executor). After ``os.fork`` the child starts with no thread and an empty
 queue (the parent's threads do not exist there).
 
+Unlike asyncio's default executor, the pool is not the one ``loop.set_default_executor``
+sets, ``asyncio.run`` does not wait for its running jobs when it ends, and its threads are
+not joined at interpreter exit: a job still running then (one whose caller was
+cancelled, say) ends with the process, as a daemon thread does.
+
 The channel's per-client job thread (:mod:`..client.jobs`) and the exclusive block's
 thread start theirs the same way; this pool is for :func:`.backend.run_blocking` and
 the asyncio backend's ``run_sync`` and ``to_thread``.
@@ -28,11 +33,13 @@ import _thread
 import asyncio
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any, Final
 
-__all__ = ["MAX_THREADS", "BlockingPool", "deliver", "pool"]
+__all__ = ["MAX_THREADS", "BlockingPool", "Unraisable", "deliver", "pool"]
 
 MAX_THREADS: Final = 16
 """Threads the pool starts at most (more jobs at once wait in its queue)."""
@@ -80,14 +87,19 @@ class BlockingPool:
             else:
                 self._backlog += 1
                 start = False
+        if start:  # before the job is queued: a start that fails leaves nothing behind
+            try:
+                _thread.start_new_thread(self._work, ())
+            except BaseException:  # "can't start new thread": the caller gets it
+                with self._lock:
+                    self._threads -= 1
+                raise
         self._jobs.put((loop, fut, fn, args))
-        if start:
-            _thread.start_new_thread(self._work, ())
         return fut
 
     def _work(self) -> None:
         get = self._jobs.get
-        while True:
+        while True:  # never ends: a counted thread that died would strand a job
             loop, fut, fn, args = get()
             value, error = None, None
             if not fut.cancelled():  # a read of its state: the loop's thread owns it
@@ -100,9 +112,31 @@ class BlockingPool:
                     self._backlog -= 1  # a queued job nobody claimed: take it next
                 else:
                     self._idle += 1
-            if not fut.cancelled():
-                deliver(loop, fut, value, error)
+            try:
+                if not fut.cancelled():
+                    deliver(loop, fut, value, error)
+            except BaseException as exc:  # a loop's own failure: reported, the thread serves on
+                what = "handing a blocking job's result to its loop"
+                sys.unraisablehook(Unraisable(exc, what, deliver))
             del loop, fut, fn, args, value, error  # nothing of the job kept while idle
+
+
+class Unraisable:
+    """The ``sys.unraisablehook`` argument for an error nobody can be given: raised on a
+    thread whose caller is gone (``what``: what was being done; ``where``: the callable)."""
+
+    __slots__ = ("err_msg", "exc_traceback", "exc_type", "exc_value", "object")
+
+    exc_type: type[BaseException]
+    exc_value: BaseException | None
+    exc_traceback: TracebackType | None
+    err_msg: str | None
+    object: object
+
+    def __init__(self, exc: BaseException, what: str, where: Callable[..., Any]) -> None:
+        self.exc_type, self.exc_value, self.exc_traceback = type(exc), exc, exc.__traceback__
+        self.err_msg = f"Exception ignored while {what}"
+        self.object = where
 
 
 def deliver(

@@ -30,6 +30,7 @@ everything in the context, including CuPy's or PyTorch's allocations in this pro
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import dataclasses
 import itertools
@@ -293,9 +294,11 @@ def _abandoned(server: CudaServer) -> None:
         server.context.make_current()
         done = server.close()
         done.wait(None)
-        done.result()  # a teardown that failed: threading.excepthook reports it
+        done.result()  # a teardown that failed: sys.unraisablehook reports it
 
-    threading.Thread(target=close, name="asynccube-abandoned-open", daemon=True).start()
+    # Not threading.Thread.start(): it waits until the new thread runs, and this may run
+    # on the loop (see channel/blocking.py).
+    _thread.start_new_thread(close, ())
 
 
 def _build(index: int, options: dict[str, Any]) -> CudaServer:
