@@ -263,9 +263,9 @@ def _check_request(
         raise DLPackError(
             f"dl_device must be a (device type, index) tuple of ints, got {dl_device!r}"
         )
-    if dl_device is not None and tuple(dl_device) != device:
+    if dl_device is not None and dl_device != device:
         raise DLPackError(
-            f"dl_device={tuple(dl_device)!r} asks for another device than the tensor's "
+            f"dl_device={dl_device!r} asks for another device than the tensor's "
             f"{device!r}; read it with `await client.read_array(tensor)` to get a copy"
         )
     if copy is not None and copy is not True and copy is not False:
@@ -389,7 +389,7 @@ def _check_import_request(
         return
     if client.device == "host" and device == "cpu":
         return
-    if isinstance(device, tuple) and len(device) == 2 and tuple(device) == ours:
+    if device == ours:  # a DLPack (type, index) tuple, checked above
         return
     raise DLPackError(
         f"from_dlpack(device={device!r}): this client makes tensors on {client.device} "

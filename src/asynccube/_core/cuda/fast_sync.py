@@ -267,14 +267,21 @@ def _done(status: int, watcher: CompletionWatcher) -> bool:
 def _all_done(marks: list[tuple[Any, int]], spin: float) -> int:
     """Poll the streams of ``marks`` (their wrappers) for up to ``spin`` seconds (0: one
     look at each): 0 once all finished, else the last status (``CUDA_ERROR_NOT_READY``
-    once the spin ran out, or a stream's error: the route raises it)."""
-    end = time.perf_counter() + spin
+    once the spin ran out, or a stream's error: the route raises it). ``poll_events``
+    over the streams, written out: a sync's hot path, where the list of streams and the
+    extra call cost 0.1-0.25 µs a sync (over the no-op driver)."""
+    end: float | None = None
     query = hot.stream_query  # cuStreamQuery
     for wrapper, _ in marks:
         while True:
             err = int(query(wrapper.stream))
             if err == 0:
                 break
-            if err != _NOT_READY or time.perf_counter() >= end:
-                return err  # the route waits (or raises the stream's error)
+            if err != _NOT_READY:
+                return err  # the route raises the stream's error
+            now = time.perf_counter()
+            if end is None:
+                end = now + spin
+            if now >= end:
+                return err  # the route waits
     return 0

@@ -129,10 +129,7 @@ class ForeignOps(ServerCore):
         event = work.captured
         if event is None:
             return 0  # an event never recorded: nothing to wait for
-        query = hot.event_query
-        err = int(query(event))  # most often done at the first look
-        if err == _NOT_READY:
-            err = poll_events(query, [event], spin)
+        err = poll_events(hot.event_query, [event], spin)
         if err:
             return err
         work.take()

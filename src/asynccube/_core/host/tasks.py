@@ -7,7 +7,6 @@ error), ``recorded`` times it for the timeline.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -94,12 +93,12 @@ def completing(
         done.held_mark = held.mark()
         error = held.check(read) if read else None
         if error is not None:
-            return Afterwards(functools.partial(done.set_error, error))
+            return Afterwards(done.set_error, error)
         try:
             value = fn()
         except BaseException as exc:
-            return Afterwards(functools.partial(done.set_error, exc))
-        return Afterwards(functools.partial(done.set_result, value))
+            return Afterwards(done.set_error, exc)
+        return Afterwards(done.set_result, value)
 
     return run
 

@@ -12,7 +12,7 @@ import itertools
 import queue
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..errors import AsyncCubeError, ExecutionError
 
@@ -25,15 +25,15 @@ Task = Callable[[], object]
 
 
 class Afterwards:
-    """What a task returns to have ``fn()`` run once its worker counts it finished: a
-    completion's result (:func:`.tasks.completing`), so that whoever it wakes (a read's
-    caller exporting the buffer next, say) finds the stream idle, not still running the
-    task that woke it."""
+    """What a task returns to have ``fn(arg)`` run once its worker counts it finished: a
+    completion's result (:func:`.tasks.completing`: ``done.set_result, value``), so that
+    whoever it wakes (a read's caller exporting the buffer next, say) finds the stream
+    idle, not still running the task that woke it."""
 
-    __slots__ = ("fn",)
+    __slots__ = ("arg", "fn")
 
-    def __init__(self, fn: Callable[[], object]) -> None:
-        self.fn = fn
+    def __init__(self, fn: Callable[[Any], object], arg: Any) -> None:
+        self.fn, self.arg = fn, arg
 
 
 _names = itertools.count()
@@ -173,7 +173,7 @@ class HostStream:
             self.finished += 1
         if type(then) is Afterwards:  # a completion's result: the task counts as finished
             try:
-                then.fn()
+                then.fn(then.arg)
             except BaseException as exc:
                 self._hold(exc)
 

@@ -104,13 +104,19 @@ REASON: Final[str] = _chosen[2]
 def poll_events(query: Callable[[Any], Any], events: Sequence[Any], seconds: float) -> int:
     """Poll each of ``events`` in turn with ``query`` (``hot.event_query``: valid from any
     context) for up to ``seconds`` in all: 0 once all are reached, else the last status
-    (``CUDA_ERROR_NOT_READY`` once the time ran out, or an event's error)."""
-    end = time.perf_counter() + seconds
+    (``CUDA_ERROR_NOT_READY`` once the time ran out, or an event's error). The clock is
+    read only once a look finds one not ready (most are done at the first look)."""
+    end: float | None = None
     for event in events:
         while True:
             err = int(query(event))
             if err == 0:
                 break
-            if err != _NOT_READY or time.perf_counter() >= end:
+            if err != _NOT_READY:
+                return err
+            now = time.perf_counter()
+            if end is None:
+                end = now + seconds
+            if now >= end:
                 return err
     return 0
